@@ -1,0 +1,58 @@
+"""rocmforge sessions: `nox -l` is the table of contents, the logic lives in `rocmforge/`.
+
+    nox -s toolchain              check the host before anything long starts
+    nox -s pytorch triton vllm    build the configured packages into the wheelhouse
+    nox -s verify bench           prove the wheels run, measure them
+    nox -s lint tests             what CI runs
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from rocmforge.config import load_config  # noqa: E402
+from rocmforge.errors import UserError  # noqa: E402
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["toolchain"]
+nox.options.error_on_missing_interpreters = False
+
+try:
+    CONFIG = load_config()
+except UserError as exc:  # a bad config is a one-line error, not a traceback from nox
+    sys.exit(f"rocmforge: {exc}")
+
+
+def _announce(session: nox.Session) -> None:
+    for note in CONFIG.overrides:
+        session.log(note)
+
+
+@nox.session(venv_backend="none")
+def toolchain(session: nox.Session) -> None:
+    """Check compilers, ROCm, GPUs, permissions and memory against the pinned versions."""
+    from rocmforge import doctor
+
+    _announce(session)
+    doctor.toolchain_session(session, CONFIG)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite (pass pytest arguments after --)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and format check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")

@@ -1,0 +1,3 @@
+from rocmforge.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""``python -m rocmforge``: the parts users want on their own (doctor, arch, env, inspect, diagnose, ...).
+
+Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
+``main(args) -> int``. Modules are imported only when their command runs, so ``--help`` and
+quick commands stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rocmforge import __version__
+from rocmforge.errors import UserError
+
+# command -> (module, one-line help). The CLI contract of these commands is documented in the
+# README; other tools parse their --json output, so keep it stable.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("rocmforge.doctor", "check this host for everything a ROCm build needs"),
+    "arch": ("rocmforge.arch_detect", "list GPU archs of this machine or of saved tool output"),
+    "env": ("rocmforge.buildenv", "print the build environment of a package"),
+    "inspect": ("rocmforge.inspect", "list the GPU code objects inside .so files and wheels"),
+    "diagnose": ("rocmforge.diagnose", "find the cause of a failed build or run in its log"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; only ``command``'s module is imported to define its arguments."""
+    parser = argparse.ArgumentParser(prog="python -m rocmforge", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"rocmforge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; a ``UserError`` becomes one line on stderr and its exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
+    args = parser.parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).main(args) or 0)
+    except UserError as exc:
+        print(f"rocmforge {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,463 @@
+"""``build_config.toml``: loaded once into a validated, frozen model.
+
+Every error names the dotted key that is wrong (``packages.vllm.source.sha256: ...``) and
+what to write instead. Environment variables users already know override the file, and each
+override is recorded in ``Config.overrides`` so sessions can say so:
+
+- ``ROCMFORGE_CONFIG``: path of the config file to load instead of ``build_config.toml``;
+- ``PYTORCH_ROCM_ARCH``: ``build.arch`` (semicolon-separated);
+- ``MAX_JOBS``: ``build.jobs``;
+- ``ROCMFORGE_CACHE``: ``build.cache_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from rocmforge.arch import parse_arch_list
+from rocmforge.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+BACKENDS = ("rocm", "cuda", "cpu")
+RECIPES = ("pytorch", "triton", "vllm", "generic")
+SOURCE_KINDS = ("git", "pypi", "url", "path")
+COMPILE_CACHES = ("none", "ccache", "sccache")
+DEFAULT_CONFIG = "build_config.toml"
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_OPT_RE = re.compile(r"^O[0-3sz]$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a package's source comes from. Which fields apply depends on ``kind``."""
+
+    kind: str
+    url: str | None = None  # git, url
+    rev: str | None = None  # git: tag, branch or commit (what a human reads)
+    commit: str | None = None  # git: the commit ``rev`` must resolve to (what a machine trusts)
+    submodules: bool = True  # git
+    name: str | None = None  # pypi: project name
+    version: str | None = None  # pypi
+    sha256: str | None = None  # pypi, url
+    path: Path | None = None  # path: a local tree, for people developing the upstream
+    subdir: str | None = None  # where the buildable project lives inside the tree
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patch file applied on top of a package's source."""
+
+    file: str  # relative to patches/<package>/
+    sha256: str
+    reason: str
+    upstream: str | None = None  # link to the upstream issue/PR the patch comes from
+    versions: str | None = None  # PEP 440 specifier of package versions it applies to
+    workdir: str | None = None  # directory inside the tree (a submodule) to apply it in
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A toolchain requirement tied to a pin: ``tool`` must satisfy ``spec`` because ``why``."""
+
+    tool: str  # gcc, g++, clang, cmake, ninja, git, python, rocm
+    spec: str  # PEP 440 specifier, e.g. ">=13" or ">=3.26.1,<4"
+    why: str
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    """Take a ready-made wheel instead of building: ``requirement`` from ``index``."""
+
+    requirement: str
+    index: str | None = None
+
+
+@dataclass(frozen=True)
+class Package:
+    """One buildable (or prebuilt) package and everything that shapes its build."""
+
+    name: str
+    recipe: str
+    version: str | None
+    depends: tuple[str, ...]
+    source: Source | None
+    prebuilt: Prebuilt | None
+    patches: tuple[Patch, ...]
+    requires: tuple[Requirement, ...]
+    env: Mapping[str, str]
+    gb_per_job: float
+    local_version: str | None
+    pin_from: str | None  # take the pin from this package's tree (Triton from PyTorch)
+    override_pin: bool  # on purpose: keep our pin even if ``pin_from`` disagrees
+    options: Mapping[str, Any]  # recipe-specific knobs, documented per recipe
+
+
+@dataclass(frozen=True)
+class Build:
+    """The ``[build]`` table: what every package is built for and with."""
+
+    backend: str
+    arch: tuple[str, ...]
+    cuda_arch: tuple[str, ...]
+    jobs: int | None  # None = derive from cores and memory
+    opt_level: str
+    compile_cache: str
+    python: str | None
+    work_dir: Path
+    wheelhouse: Path
+    logs_dir: Path
+    third_party: Path
+    cache_dir: Path
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole validated configuration. Build it with :func:`load_config`."""
+
+    path: Path
+    root: Path  # directory relative paths are resolved against
+    rocm_version: str | None
+    build: Build
+    packages: Mapping[str, Package]
+    overrides: tuple[str, ...] = field(default=())  # human-readable notes, one per override
+
+    def package(self, name: str) -> Package:
+        """The package called ``name``, or a one-line error listing the configured ones."""
+        try:
+            return self.packages[name]
+        except KeyError:
+            raise UserError(
+                f"no package {name!r} in {self.path.name}; configured: {', '.join(self.packages)}"
+            ) from None
+
+    def build_order(self, names: list[str] | None = None) -> list[str]:
+        """``names`` (default: all) plus their dependencies, dependencies first."""
+        order: list[str] = []
+
+        def visit(n: str, stack: tuple[str, ...]) -> None:
+            if n in order:
+                return
+            for dep in self.package(n).depends:
+                visit(dep, (*stack, n))
+            order.append(n)
+
+        for n in names or list(self.packages):
+            visit(n, ())
+        return order
+
+
+class _Table:
+    """A TOML table being read: typed getters that name the dotted key, and unknown-key checks."""
+
+    def __init__(self, data: Any, path: str):
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: expected a table, got {_type(data)}")
+        self.data = data
+        self.path = path
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def get(self, name: str, types: type | tuple[type, ...], default: Any = None, *, required=False):
+        self.used.add(name)
+        if name not in self.data:
+            if required:
+                raise UserError(f"{self.key(name)}: missing; add it to the config")
+            return default
+        value = self.data[name]
+        # bool is an int in Python; a TOML `true` must not pass for a number.
+        if isinstance(value, bool) and bool not in _as_tuple(types):
+            raise UserError(f"{self.key(name)}: expected {_names(types)}, got a boolean")
+        if not isinstance(value, types):
+            raise UserError(f"{self.key(name)}: expected {_names(types)}, got {_type(value)}")
+        return value
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str | None = None, **kw) -> str:
+        value = self.get(name, str, default, **kw)
+        if value is not None and value not in choices:
+            raise UserError(f"{self.key(name)}: {value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def strings(self, name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        value = self.get(name, list, None)
+        if value is None:
+            return default
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise UserError(f"{self.key(name)}[{i}]: expected a string, got {_type(item)}")
+        return tuple(value)
+
+    def table(self, name: str) -> _Table | None:
+        value = self.get(name, dict, None)
+        return None if value is None else _Table(value, self.key(name))
+
+    def tables(self, name: str) -> list[_Table]:
+        value = self.get(name, list, [])
+        return [_Table(item, f"{self.key(name)}[{i}]") for i, item in enumerate(value)]
+
+    def done(self) -> None:
+        """Refuse keys we did not read: a typo must not be silently ignored."""
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            known = ", ".join(sorted(self.used))
+            raise UserError(f"{self.key(unknown[0])}: unknown key; known keys here: {known}")
+
+
+def _as_tuple(types):
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _names(types) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true/false",
+             list: "an array", dict: "a table"}
+    return " or ".join(names.get(t, t.__name__) for t in _as_tuple(types))
+
+
+def _type(value: Any) -> str:
+    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
+            list: "an array", dict: "a table"}.get(type(value), type(value).__name__)
+
+
+def _path(base: Path, text: str) -> Path:
+    return (base / os.path.expanduser(text)).resolve()
+
+
+def _source(t: _Table, root: Path) -> Source:
+    kind = t.choice("kind", SOURCE_KINDS, required=True)
+    src = Source(
+        kind=kind,
+        url=t.get("url", str),
+        rev=t.get("rev", str),
+        commit=t.get("commit", str),
+        submodules=t.get("submodules", bool, True),
+        name=t.get("name", str),
+        version=t.get("version", str),
+        sha256=t.get("sha256", str),
+        path=_path(root, p) if (p := t.get("path", str)) else None,
+        subdir=t.get("subdir", str),
+    )
+    t.done()
+    needed = {"git": ("url", "rev"), "pypi": ("name", "version", "sha256"),
+              "url": ("url", "sha256"), "path": ("path",)}[kind]
+    for name in needed:
+        if getattr(src, name) in (None, ""):
+            raise UserError(f"{t.key(name)}: required for a {kind} source")
+    if src.sha256 is not None and not _SHA256_RE.match(src.sha256):
+        raise UserError(f"{t.key('sha256')}: {src.sha256!r} is not 64 lowercase hex digits")
+    if src.commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", src.commit):
+        raise UserError(f"{t.key('commit')}: {src.commit!r} is not a hex commit id (7-40 digits)")
+    return src
+
+
+def _patch(t: _Table) -> Patch:
+    p = Patch(
+        file=t.get("file", str, required=True),
+        sha256=t.get("sha256", str, required=True),
+        reason=t.get("reason", str, required=True),
+        upstream=t.get("upstream", str),
+        versions=t.get("versions", str),
+        workdir=t.get("workdir", str),
+    )
+    t.done()
+    if not _SHA256_RE.match(p.sha256):
+        raise UserError(f"{t.key('sha256')}: {p.sha256!r} is not 64 lowercase hex digits")
+    if p.versions is not None:
+        _check_specifier(p.versions, t.key("versions"))
+    return p
+
+
+def _check_specifier(spec: str, key: str) -> None:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        SpecifierSet(spec)
+    except InvalidSpecifier:
+        raise UserError(f"{key}: {spec!r} is not a version specifier such as '>=13' or '>=3.26.1,<4'") from None
+
+
+def _requirement(t: _Table) -> Requirement:
+    r = Requirement(
+        tool=t.get("tool", str, required=True),
+        spec=t.get("spec", str, required=True),
+        why=t.get("why", str, required=True),
+    )
+    t.done()
+    _check_specifier(r.spec, t.key("spec"))
+    return r
+
+
+def _package(name: str, t: _Table, root: Path) -> Package:
+    if not _NAME_RE.match(name):
+        raise UserError(f"{t.path}: package names are letters, digits and _ (it becomes a nox session)")
+    recipe = t.choice("recipe", RECIPES, "generic")
+    src_t = t.table("source")
+    pre_t = t.table("prebuilt")
+    source = _source(src_t, root) if src_t else None
+    prebuilt = None
+    if pre_t:
+        prebuilt = Prebuilt(requirement=pre_t.get("requirement", str, required=True),
+                            index=pre_t.get("index", str))
+        pre_t.done()
+    if source is None and prebuilt is None:
+        raise UserError(f"{t.path}: needs a [source] table (or [prebuilt] to take a ready wheel)")
+    if source is not None and prebuilt is not None:
+        raise UserError(f"{t.path}: has both [source] and [prebuilt]; keep one")
+    env = t.get("env", dict, {})
+    for k, v in env.items():
+        if not isinstance(v, str):
+            raise UserError(f"{t.key('env')}.{k}: expected a string, got {_type(v)}")
+    gb = t.get("gb_per_job", (int, float), 2.0)
+    if gb <= 0:
+        raise UserError(f"{t.key('gb_per_job')}: must be positive (GB of RAM one compile job needs)")
+    pkg = Package(
+        name=name,
+        recipe=recipe,
+        version=t.get("version", str),
+        depends=t.strings("depends"),
+        source=source,
+        prebuilt=prebuilt,
+        patches=tuple(_patch(p) for p in t.tables("patches")),
+        requires=tuple(_requirement(r) for r in t.tables("requires")),
+        env=MappingProxyType(dict(env)),
+        gb_per_job=float(gb),
+        local_version=t.get("local_version", str),
+        pin_from=t.get("pin_from", str),
+        override_pin=t.get("override_pin", bool, False),
+        options=MappingProxyType(dict(t.get("options", dict, {}))),
+    )
+    t.done()
+    return pkg
+
+
+def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) -> Build:
+    backend = t.choice("backend", BACKENDS, "rocm")
+    arch_value = t.get("arch", (list, str), [])
+    arch_key = t.key("arch")
+    if "PYTORCH_ROCM_ARCH" in environ:
+        notes.append(f"PYTORCH_ROCM_ARCH={environ['PYTORCH_ROCM_ARCH']!r} overrides {arch_key}")
+        arch_value, arch_key = environ["PYTORCH_ROCM_ARCH"], "PYTORCH_ROCM_ARCH"
+    arch = parse_arch_list(arch_value, key=arch_key) if backend == "rocm" else tuple(
+        parse_arch_list(arch_value, key=arch_key) if arch_value else ()
+    )
+    jobs = t.get("jobs", (int, str), "auto")
+    if "MAX_JOBS" in environ:
+        notes.append(f"MAX_JOBS={environ['MAX_JOBS']!r} overrides {t.key('jobs')}")
+        jobs = environ["MAX_JOBS"]
+        if not str(jobs).isdigit() or int(jobs) < 1:
+            raise UserError(f"MAX_JOBS: {jobs!r} is not a positive integer; unset it or use e.g. MAX_JOBS=8")
+        jobs = int(jobs)
+    if jobs == "auto":
+        jobs = None
+    elif not isinstance(jobs, int) or jobs < 1:
+        raise UserError(f"{t.key('jobs')}: {jobs!r} must be a positive integer or \"auto\"")
+    opt = t.get("opt_level", str, "O3")
+    if not _OPT_RE.match(opt):
+        raise UserError(f"{t.key('opt_level')}: {opt!r} must be one of O0, O1, O2, O3, Os, Oz")
+    cache_default = environ.get("ROCMFORGE_CACHE") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or "~/.cache", "rocmforge")
+    if environ.get("ROCMFORGE_CACHE"):
+        notes.append(f"ROCMFORGE_CACHE={environ['ROCMFORGE_CACHE']!r} overrides {t.key('cache_dir')}")
+        t.used.add("cache_dir")
+        cache_dir = cache_default
+    else:
+        cache_dir = t.get("cache_dir", str, cache_default)
+    b = Build(
+        backend=backend,
+        arch=arch,
+        cuda_arch=t.strings("cuda_arch"),
+        jobs=jobs,
+        opt_level=opt,
+        compile_cache=t.choice("compile_cache", COMPILE_CACHES, "none"),
+        python=t.get("python", str),
+        work_dir=_path(root, t.get("work_dir", str, "build")),
+        wheelhouse=_path(root, t.get("wheelhouse", str, "wheelhouse")),
+        logs_dir=_path(root, t.get("logs_dir", str, "logs")),
+        third_party=_path(root, t.get("third_party", str, "third_party")),
+        cache_dir=_path(root, cache_dir),
+    )
+    t.done()
+    return b
+
+
+def parse_config(data: Mapping[str, Any], *, path: Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Validate already-parsed TOML ``data`` into a :class:`Config` (pure; used by tests)."""
+    environ = os.environ if environ is None else environ
+    root = path.parent.resolve()
+    top = _Table(dict(data), "")
+    notes: list[str] = []
+    tool_t = top.table("toolchain")
+    rocm_version = None
+    if tool_t:
+        rocm_version = tool_t.get("rocm_version", str)
+        tool_t.done()
+    build_t = top.table("build") or _Table({}, "build")
+    build = _build(build_t, root, environ, notes)
+    pk_t = top.table("packages")
+    if pk_t is None or not pk_t.data:
+        raise UserError("packages: no packages configured; add a [packages.NAME] table")
+    packages: dict[str, Package] = {}
+    for name in pk_t.data:
+        packages[name] = _package(name, pk_t.table(name), root)
+    pk_t.done()
+    top.done()
+    for pkg in packages.values():
+        for dep in (*pkg.depends, *( [pkg.pin_from] if pkg.pin_from else [])):
+            if dep not in packages:
+                raise UserError(f"packages.{pkg.name}: depends on {dep!r}, which is not configured")
+    cfg = Config(path=path, root=root, rocm_version=rocm_version, build=build,
+                 packages=MappingProxyType(packages), overrides=tuple(notes))
+    _check_cycles(cfg)
+    return cfg
+
+
+def _check_cycles(cfg: Config) -> None:
+    state: dict[str, int] = {}
+
+    def visit(n: str, chain: list[str]) -> None:
+        if state.get(n) == 1:
+            raise UserError(f"packages.{n}.depends: dependency cycle {' -> '.join([*chain, n])}")
+        if state.get(n) == 2:
+            return
+        state[n] = 1
+        for d in cfg.packages[n].depends:
+            visit(d, [*chain, n])
+        state[n] = 2
+
+    for n in cfg.packages:
+        visit(n, [])
+
+
+def config_path(environ: Mapping[str, str] | None = None, start: Path | None = None) -> Path:
+    """The config file to load: ``$ROCMFORGE_CONFIG`` or ``build_config.toml`` in ``start``."""
+    environ = os.environ if environ is None else environ
+    if environ.get("ROCMFORGE_CONFIG"):
+        return Path(environ["ROCMFORGE_CONFIG"]).expanduser().resolve()
+    return (start or Path.cwd()) / DEFAULT_CONFIG
+
+
+def load_config(path: Path | str | None = None, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the config file (see :func:`config_path` for which one)."""
+    environ = os.environ if environ is None else environ
+    p = Path(path) if path is not None else config_path(environ)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{p}: config file not found; run from the rocmforge checkout or set ROCMFORGE_CONFIG") from None
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(data, path=p.resolve(), environ=environ)

@@ -1,0 +1,93 @@
+"""Atomic writes and file locks: everything two runs could touch at once goes through here."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from rocmforge.errors import UserError
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int = 0o644) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half.
+
+    The temp file lives in the same directory so that the final ``os.replace`` is a rename
+    within one filesystem (atomic on POSIX).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def file_lock(
+    path: str | os.PathLike[str],
+    *,
+    what: str = "",
+    timeout: float | None = None,
+    on_wait=None,
+) -> Iterator[Path]:
+    """Hold an exclusive ``flock`` on ``path`` (created if needed) for the ``with`` block.
+
+    The lock file records the holder's pid and purpose so that a second run can say who holds
+    it. ``on_wait(holder_text)`` is called once if we have to wait; ``timeout`` (seconds) turns
+    a long wait into a ``UserError`` naming the holder. The kernel drops the lock when the
+    holder dies, so a killed run never leaves a stale lock behind.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            holder = _read_holder(path)
+            if on_wait is not None:
+                on_wait(holder)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise UserError(
+                            f"{path} is locked by {holder or 'another run'}; "
+                            "wait for it to finish or stop it"
+                        ) from None
+                    time.sleep(0.2)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} {what}".strip().encode())
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _read_holder(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
