@@ -1,9 +1,9 @@
 """rocmforge sessions: `nox -l` is the table of contents, the logic lives in `rocmforge/`.
 
-    nox -s toolchain              check the host before anything long starts
-    nox -s pytorch triton vllm    build the configured packages into the wheelhouse
-    nox -s verify bench           prove the wheels run, measure them
-    nox -s lint tests             what CI runs
+nox -s toolchain              check the host before anything long starts
+nox -s pytorch triton vllm    build the configured packages into the wheelhouse
+nox -s verify bench           prove the wheels run, measure them
+nox -s lint tests             what CI runs
 """
 
 from __future__ import annotations

@@ -119,8 +119,10 @@ def validate_arch(text: str, *, key: str = "arch") -> str:
         raise UserError(f"{key}: {exc}; use a name such as gfx942 or gfx90a:xnack-") from None
     if tid.processor not in KNOWN_PROCESSORS and tid.processor not in GENERIC_TARGETS:
         close = difflib.get_close_matches(tid.processor, known_arch_names(), n=3, cutoff=0.6)
-        hint = f"did you mean {' or '.join(close)}?" if close else "known: " + ", ".join(
-            sorted(KNOWN_PROCESSORS)
+        hint = (
+            f"did you mean {' or '.join(close)}?"
+            if close
+            else "known: " + ", ".join(sorted(KNOWN_PROCESSORS))
         )
         raise UserError(f"{key}: unknown GPU arch {raw!r}; {hint}")
     return str(tid)
@@ -136,9 +138,7 @@ def parse_arch_list(value: str | list[str] | tuple[str, ...], *, key: str) -> tu
     if isinstance(value, str):
         if "," in value:
             fixed = ";".join(p.strip() for p in value.split(",") if p.strip())
-            raise UserError(
-                f"{key}: {value!r} is comma-separated; separate archs with ';' (e.g. {fixed!r})"
-            )
+            raise UserError(f"{key}: {value!r} is comma-separated; separate archs with ';' (e.g. {fixed!r})")
         items = [p for p in re.split(r"[;\s]+", value) if p]
     else:
         items = list(value)

@@ -221,14 +221,26 @@ def _as_tuple(types):
 
 
 def _names(types) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true/false",
-             list: "an array", dict: "a table"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true/false",
+        list: "an array",
+        dict: "a table",
+    }
     return " or ".join(names.get(t, t.__name__) for t in _as_tuple(types))
 
 
 def _type(value: Any) -> str:
-    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
-            list: "an array", dict: "a table"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        list: "an array",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
 
 
 def _path(base: Path, text: str) -> Path:
@@ -250,8 +262,12 @@ def _source(t: _Table, root: Path) -> Source:
         subdir=t.get("subdir", str),
     )
     t.done()
-    needed = {"git": ("url", "rev"), "pypi": ("name", "version", "sha256"),
-              "url": ("url", "sha256"), "path": ("path",)}[kind]
+    needed = {
+        "git": ("url", "rev"),
+        "pypi": ("name", "version", "sha256"),
+        "url": ("url", "sha256"),
+        "path": ("path",),
+    }[kind]
     for name in needed:
         if getattr(src, name) in (None, ""):
             raise UserError(f"{t.key(name)}: required for a {kind} source")
@@ -285,7 +301,9 @@ def _check_specifier(spec: str, key: str) -> None:
     try:
         SpecifierSet(spec)
     except InvalidSpecifier:
-        raise UserError(f"{key}: {spec!r} is not a version specifier such as '>=13' or '>=3.26.1,<4'") from None
+        raise UserError(
+            f"{key}: {spec!r} is not a version specifier such as '>=13' or '>=3.26.1,<4'"
+        ) from None
 
 
 def _requirement(t: _Table) -> Requirement:
@@ -308,8 +326,9 @@ def _package(name: str, t: _Table, root: Path) -> Package:
     source = _source(src_t, root) if src_t else None
     prebuilt = None
     if pre_t:
-        prebuilt = Prebuilt(requirement=pre_t.get("requirement", str, required=True),
-                            index=pre_t.get("index", str))
+        prebuilt = Prebuilt(
+            requirement=pre_t.get("requirement", str, required=True), index=pre_t.get("index", str)
+        )
         pre_t.done()
     if source is None and prebuilt is None:
         raise UserError(f"{t.path}: needs a [source] table (or [prebuilt] to take a ready wheel)")
@@ -349,8 +368,10 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     if "PYTORCH_ROCM_ARCH" in environ:
         notes.append(f"PYTORCH_ROCM_ARCH={environ['PYTORCH_ROCM_ARCH']!r} overrides {arch_key}")
         arch_value, arch_key = environ["PYTORCH_ROCM_ARCH"], "PYTORCH_ROCM_ARCH"
-    arch = parse_arch_list(arch_value, key=arch_key) if backend == "rocm" else tuple(
-        parse_arch_list(arch_value, key=arch_key) if arch_value else ()
+    arch = (
+        parse_arch_list(arch_value, key=arch_key)
+        if backend == "rocm"
+        else tuple(parse_arch_list(arch_value, key=arch_key) if arch_value else ())
     )
     jobs = t.get("jobs", (int, str), "auto")
     if "MAX_JOBS" in environ:
@@ -362,12 +383,13 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     if jobs == "auto":
         jobs = None
     elif not isinstance(jobs, int) or jobs < 1:
-        raise UserError(f"{t.key('jobs')}: {jobs!r} must be a positive integer or \"auto\"")
+        raise UserError(f'{t.key("jobs")}: {jobs!r} must be a positive integer or "auto"')
     opt = t.get("opt_level", str, "O3")
     if not _OPT_RE.match(opt):
         raise UserError(f"{t.key('opt_level')}: {opt!r} must be one of O0, O1, O2, O3, Os, Oz")
     cache_default = environ.get("ROCMFORGE_CACHE") or os.path.join(
-        environ.get("XDG_CACHE_HOME") or "~/.cache", "rocmforge")
+        environ.get("XDG_CACHE_HOME") or "~/.cache", "rocmforge"
+    )
     if environ.get("ROCMFORGE_CACHE"):
         notes.append(f"ROCMFORGE_CACHE={environ['ROCMFORGE_CACHE']!r} overrides {t.key('cache_dir')}")
         t.used.add("cache_dir")
@@ -414,11 +436,17 @@ def parse_config(data: Mapping[str, Any], *, path: Path, environ: Mapping[str, s
     pk_t.done()
     top.done()
     for pkg in packages.values():
-        for dep in (*pkg.depends, *( [pkg.pin_from] if pkg.pin_from else [])):
+        for dep in (*pkg.depends, *([pkg.pin_from] if pkg.pin_from else [])):
             if dep not in packages:
                 raise UserError(f"packages.{pkg.name}: depends on {dep!r}, which is not configured")
-    cfg = Config(path=path, root=root, rocm_version=rocm_version, build=build,
-                 packages=MappingProxyType(packages), overrides=tuple(notes))
+    cfg = Config(
+        path=path,
+        root=root,
+        rocm_version=rocm_version,
+        build=build,
+        packages=MappingProxyType(packages),
+        overrides=tuple(notes),
+    )
     _check_cycles(cfg)
     return cfg
 
@@ -455,7 +483,9 @@ def load_config(path: Path | str | None = None, *, environ: Mapping[str, str] | 
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise UserError(f"{p}: config file not found; run from the rocmforge checkout or set ROCMFORGE_CONFIG") from None
+        raise UserError(
+            f"{p}: config file not found; run from the rocmforge checkout or set ROCMFORGE_CONFIG"
+        ) from None
     try:
         data = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -73,8 +73,7 @@ def file_lock(
                 except OSError:
                     if deadline is not None and time.monotonic() > deadline:
                         raise UserError(
-                            f"{path} is locked by {holder or 'another run'}; "
-                            "wait for it to finish or stop it"
+                            f"{path} is locked by {holder or 'another run'}; wait for it to finish or stop it"
                         ) from None
                     time.sleep(0.2)
         os.ftruncate(fd, 0)
