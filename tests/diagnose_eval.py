@@ -1,0 +1,72 @@
+"""Accuracy of ``rocmforge.diagnose`` on the real fixtures, per split (train or held-out).
+
+The split is a fixed function of the file name (see ``tests/data/diagnose/README.md``), decided
+before the classifier was tuned: tune on ``--train``, report ``--held-out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "data" / "diagnose"
+
+
+def is_held_out(path: Path) -> bool:
+    """The fixed split: about one third of the fixtures, chosen by a hash of the file name."""
+    return hashlib.sha256(path.name.encode()).digest()[0] < 86
+
+
+def fixtures(held_out: bool) -> list[tuple[Path, str]]:
+    """(path, expected category) of every fixture in one split."""
+    out = []
+    for path in sorted(FIXTURES.glob("*.log")):
+        if is_held_out(path) != held_out:
+            continue
+        for line in path.read_text().splitlines():
+            if line.startswith("# category:"):
+                out.append((path, line.split(":", 1)[1].strip()))
+                break
+    return out
+
+
+def evaluate(held_out: bool) -> tuple[int, int, Counter]:
+    """(correct, total, confusions {(expected, got): count}) for one split."""
+    from rocmforge.diagnose import diagnose_file
+
+    correct, confusions = 0, Counter()
+    items = fixtures(held_out)
+    for path, expected in items:
+        got = diagnose_file(path).category
+        if got == expected:
+            correct += 1
+        else:
+            confusions[(expected, got)] += 1
+    return correct, len(items), confusions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--train", action="store_true")
+    group.add_argument("--held-out", action="store_true")
+    parser.add_argument("-v", action="store_true", help="name each misclassified fixture")
+    args = parser.parse_args()
+    correct, total, confusions = evaluate(args.held_out)
+    name = "held-out" if args.held_out else "train"
+    print(f"{name}: {correct}/{total} = {correct / max(total, 1):.1%}")
+    for (expected, got), n in confusions.most_common():
+        print(f"  {expected} -> {got}: {n}")
+    if args.v:
+        from rocmforge.diagnose import diagnose_file
+
+        for path, expected in fixtures(args.held_out):
+            got = diagnose_file(path).category
+            if got != expected:
+                print(f"  {path.name}: expected {expected}, got {got}")
+
+
+if __name__ == "__main__":
+    main()
