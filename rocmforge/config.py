@@ -7,7 +7,10 @@ override is recorded in ``Config.overrides`` so sessions can say so:
 - ``ROCMFORGE_CONFIG``: path of the config file to load instead of ``build_config.toml``;
 - ``PYTORCH_ROCM_ARCH``: ``build.arch`` (semicolon-separated);
 - ``MAX_JOBS``: ``build.jobs``;
-- ``ROCMFORGE_CACHE``: ``build.cache_dir``.
+- ``ROCMFORGE_CACHE``: ``build.cache_dir``;
+- ``ROCMFORGE_COMPILE_CACHE`` / ``ROCMFORGE_COMPILE_CACHE_BACKEND``: ``build.compile_cache``
+  (tool) and ``build.compile_cache.backend``; sccache's and ccache's own endpoint variables
+  (``SCCACHE_REDIS_ENDPOINT``, ``SCCACHE_BUCKET``, ...) override the store's url and bucket.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -33,6 +36,19 @@ BACKENDS = ("rocm", "cuda", "cpu")
 RECIPES = ("pytorch", "triton", "vllm", "generic")
 SOURCE_KINDS = ("git", "pypi", "url", "path")
 COMPILE_CACHES = ("none", "ccache", "sccache")
+CACHE_BACKENDS = ("local", "redis", "s3", "gcs")
+# The variables sccache and ccache read themselves; set in the environment they win over the
+# file, like PYTORCH_ROCM_ARCH does. (tool, backend, variable, CacheStore field)
+_NATIVE_CACHE_VARS = (
+    ("sccache", "redis", "SCCACHE_REDIS_ENDPOINT", "url"),
+    ("sccache", "s3", "SCCACHE_ENDPOINT", "url"),
+    ("sccache", "s3", "SCCACHE_BUCKET", "bucket"),
+    ("sccache", "s3", "SCCACHE_REGION", "region"),
+    ("sccache", "gcs", "SCCACHE_GCS_BUCKET", "bucket"),
+    ("ccache", "redis", "CCACHE_REMOTE_STORAGE", "url"),
+)
+_REDIS_URL_RE = re.compile(r"^(redis|rediss|redis\+unix|unix)://")
+_SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[KMGT]?$")
 DEFAULT_CONFIG = "build_config.toml"
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -105,6 +121,24 @@ class Package:
 
 
 @dataclass(frozen=True)
+class CacheStore:
+    """Where ``build.compile_cache`` keeps objects (its table form; see docs/scaling.md).
+
+    ``local`` is a directory on this machine; ``redis``, ``s3`` and ``gcs`` are shared by every
+    builder pointed at them (s3 and gcs need sccache; ccache stores locally or in redis).
+    """
+
+    backend: str = "local"
+    dir: Path | None = None  # local: default <build.cache_dir>/<tool>
+    size: str = "50G"  # local: size limit
+    url: str | None = None  # redis: redis://host:6379/0; s3: endpoint of an S3-compatible store
+    bucket: str | None = None  # s3, gcs
+    region: str | None = None  # s3
+    prefix: str = "rocmforge"  # key prefix, so several projects can share one store
+    hip: bool = True  # also cache HIP compiles (CMAKE_HIP_COMPILER_LAUNCHER, HIP_CLANG_LAUNCHER)
+
+
+@dataclass(frozen=True)
 class Build:
     """The ``[build]`` table: what every package is built for and with."""
 
@@ -120,6 +154,7 @@ class Build:
     logs_dir: Path
     third_party: Path
     cache_dir: Path
+    cache_store: CacheStore = CacheStore()  # where compile_cache keeps objects
 
 
 @dataclass(frozen=True)
@@ -361,6 +396,63 @@ def _package(name: str, t: _Table, root: Path) -> Package:
     return pkg
 
 
+def _env_choice(
+    environ: Mapping[str, str], var: str, choices: tuple[str, ...], value: str, key: str, notes: list[str]
+) -> str:
+    """``value``, or the environment's ``var`` in its place (checked against ``choices``, noted)."""
+    if var not in environ:
+        return value
+    if environ[var] not in choices:
+        raise UserError(f"{var}: {environ[var]!r} is not one of {', '.join(choices)}")
+    notes.append(f"{var}={environ[var]!r} overrides {key}")
+    return environ[var]
+
+
+def _compile_cache(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]):
+    """``build.compile_cache``: a tool name, or a table with ``tool`` and where it stores."""
+    raw = t.get("compile_cache", (str, dict), "none")
+    ct = _Table(raw if isinstance(raw, dict) else {}, t.key("compile_cache"))
+    if isinstance(raw, str):
+        tool = t.choice("compile_cache", COMPILE_CACHES)
+    else:
+        tool = ct.choice("tool", COMPILE_CACHES, required=True)
+    backend = ct.choice("backend", CACHE_BACKENDS, "local")
+    tool = _env_choice(environ, "ROCMFORGE_COMPILE_CACHE", COMPILE_CACHES, tool, ct.path, notes)
+    backend = _env_choice(
+        environ, "ROCMFORGE_COMPILE_CACHE_BACKEND", CACHE_BACKENDS, backend, ct.key("backend"), notes
+    )
+    store = CacheStore(
+        backend=backend,
+        dir=_path(root, d) if (d := ct.get("dir", str)) else None,
+        size=ct.get("size", str, "50G"),
+        url=ct.get("url", str),
+        bucket=ct.get("bucket", str),
+        region=ct.get("region", str),
+        prefix=ct.get("prefix", str, "rocmforge"),
+        hip=ct.get("hip", bool, True),
+    )
+    ct.done()
+    for var_tool, var_backend, var, name in _NATIVE_CACHE_VARS:
+        if (tool, backend) == (var_tool, var_backend) and environ.get(var):
+            # The value is not shown: endpoints often carry a password.
+            notes.append(f"{var} (set in the environment) overrides {ct.key(name)}")
+            store = replace(store, **{name: environ[var]})
+    if tool == "ccache" and backend in ("s3", "gcs"):
+        raise UserError(
+            f'{ct.key("backend")}: {backend!r} needs tool = "sccache"; ccache stores locally or in redis'
+        )
+    if backend == "redis" and not (store.url and _REDIS_URL_RE.match(store.url)):
+        raise UserError(
+            f'{ct.key("url")}: the redis backend needs a redis:// URL, e.g. "redis://cache.lan:6379/0"'
+            f" (got {store.url!r})"
+        )
+    if backend in ("s3", "gcs") and not store.bucket:
+        raise UserError(f"{ct.key('bucket')}: required for the {backend} backend")
+    if not _SIZE_RE.match(store.size):
+        raise UserError(f'{ct.key("size")}: {store.size!r} is not a size such as "50G" or "500M"')
+    return tool, store
+
+
 def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) -> Build:
     backend = t.choice("backend", BACKENDS, "rocm")
     arch_value = t.get("arch", (list, str), [])
@@ -396,19 +488,21 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
         cache_dir = cache_default
     else:
         cache_dir = t.get("cache_dir", str, cache_default)
+    compile_cache, cache_store = _compile_cache(t, root, environ, notes)
     b = Build(
         backend=backend,
         arch=arch,
         cuda_arch=t.strings("cuda_arch"),
         jobs=jobs,
         opt_level=opt,
-        compile_cache=t.choice("compile_cache", COMPILE_CACHES, "none"),
+        compile_cache=compile_cache,
         python=t.get("python", str),
         work_dir=_path(root, t.get("work_dir", str, "build")),
         wheelhouse=_path(root, t.get("wheelhouse", str, "wheelhouse")),
         logs_dir=_path(root, t.get("logs_dir", str, "logs")),
         third_party=_path(root, t.get("third_party", str, "third_party")),
         cache_dir=_path(root, cache_dir),
+        cache_store=cache_store,
     )
     t.done()
     return b
