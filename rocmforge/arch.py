@@ -155,3 +155,64 @@ def parse_arch_list(value: str | list[str] | tuple[str, ...], *, key: str) -> tu
         if arch not in out:
             out.append(arch)
     return tuple(out)
+
+
+def arch_from_gfx_target_version(value: int | str) -> str | None:
+    """Decode KFD's decimal ``gfx_target_version`` (``90402`` -> ``gfx942``); ``None`` for CPUs.
+
+    The kernel encodes major * 10000 + minor * 100 + stepping, and the gfx name spells minor and
+    stepping as one hex digit each: ``90010`` is gfx90a, ``110000`` gfx1100, ``90012`` gfx90c.
+    """
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        return None
+    major, minor, stepping = number // 10000, (number // 100) % 100, number % 100
+    if number <= 0 or major == 0 or minor > 15 or stepping > 15:
+        return None
+    return f"gfx{major}{minor:x}{stepping:x}"
+
+
+# Product names that identify the processor when a tool prints no gfx name (old rocm-smi,
+# amd-smi pastes cut before TARGET_GRAPHICS_VERSION). Source: LLVM AMDGPUUsage "Processors"
+# table; ROCm "GPU hardware specifications" table.
+PRODUCT_ARCH: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), arch)
+    for pattern, arch in (
+        (r"\bMI35[05]X?\b", "gfx950"),
+        (r"\bMI3(?:00[AX]?|25X?)\b", "gfx942"),
+        (r"\bMI2(?:10|50X?)\b", "gfx90a"),
+        (r"\bMI100\b", "gfx908"),
+        (r"\bMI(?:50|60)\b|\bRadeon (?:Pro )?VII\b", "gfx906"),
+        (r"\bRX 79\d0\b|\bW7900\b", "gfx1100"),
+        (r"\bRX 7[78]\d0\b|\bW7[78]00\b", "gfx1101"),
+        (r"\bRX 76\d0\b|\bW7600\b", "gfx1102"),
+        (r"\bRX 90[67]0\b|\bR9700\b", "gfx1201"),
+        (r"\bRX 6[89]\d0\b|\bW6800\b", "gfx1030"),
+    )
+)
+
+# PCI device IDs seen in real tool output (rocm-smi's concise table, old "Card series" lines,
+# amd-smi DEVICE_ID), each checked against a rocminfo/amd-smi paste that printed both.
+DEVICE_ID_ARCH: dict[int, str] = {
+    0x738C: "gfx908",  # MI100
+    0x740C: "gfx90a",  # MI250X/MI250 (rocminfo Chip ID 0x740c, Name gfx90a)
+    0x740F: "gfx90a",  # MI210
+    0x74A1: "gfx942",  # MI300X (rocminfo Chip ID 0x74a1, Name gfx942)
+    0x75A0: "gfx950",  # MI350X (amd-smi DEVICE_ID 0x75a0, TARGET_GRAPHICS_VERSION gfx950)
+    0x744C: "gfx1100",  # RX 7900 XTX (rocminfo Chip ID 0x744c, Name gfx1100)
+    0x747E: "gfx1101",  # RX 7800 XT (amd-smi device_id 0x747e, gfx1101)
+}
+
+
+def arch_from_product(text: str | None) -> str | None:
+    """The processor a product name or PCI device ID (``0x74a1``) stands for, if we know it."""
+    if not text:
+        return None
+    hex_id = re.fullmatch(r"\s*0x([0-9a-fA-F]{3,4})\s*", text)
+    if hex_id:
+        return DEVICE_ID_ARCH.get(int(hex_id.group(1), 16))
+    for pattern, arch in PRODUCT_ARCH:
+        if pattern.search(text):
+            return arch
+    return None
