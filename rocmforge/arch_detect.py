@@ -208,10 +208,10 @@ def _rocmsmi_csv(text: str) -> dict[str, _Agent]:
             for row in lines[i + 1 :]:
                 if not row.startswith("card"):
                     break
-                # Values may contain commas inside brackets ("Inc. [AMD/ATI]") only at the end.
+                # A paste cut mid-row has fewer cells than the header: zip without strict.
                 cells = row.split(",", len(header) - 1)
                 agent = agents.setdefault(cells[0], _Agent())
-                for key, value in zip(header[1:], cells[1:]):
+                for key, value in zip(header[1:], cells[1:], strict=False):
                     if re.fullmatch(_ROCMSMI_KEYS, key):
                         _rocmsmi_field(agent, key, value)
             return agents
