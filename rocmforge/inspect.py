@@ -1,0 +1,623 @@
+"""``python -m rocmforge inspect``: which GPUs the code inside .so files, objects and wheels runs on.
+
+The HIP runtime registers every clang offload bundle of a shared object on its own, and fails
+with ``hipErrorNoBinaryForGpu`` when *one* of them lacks the device's arch. So coverage is
+checked per bundle, not per file. What is read:
+
+- ELF shared and relocatable objects: every offload bundle at any offset, uncompressed
+  (``__CLANG_OFFLOAD_BUNDLE__``) or compressed (``CCOB`` v1-v3, zlib or zstd); ``-fgpu-rdc``
+  objects' ``__CLANG_OFFLOAD_BUNDLE__<target>`` sections; CUDA ``.nv_fatbin`` sections;
+- bare AMDGPU code objects (``e_machine`` EM_AMDGPU), their target taken from ``e_flags``;
+- static archives (``.a``) member by member; wheels and other zips member by member, in
+  memory; directories recursively.
+
+Files are memory-mapped and only headers are decoded: a compressed bundle is decompressed
+as a stream and abandoned as soon as its entry table is complete, because the CCOB header
+itself holds no target names.
+
+JSON contract (other tools read it; keep it stable, add keys only)::
+
+    {"files": [{"path", "member", "bundles": [{"targets": [...]}], "targets", "archs"}],
+     "missing": [{"path", "member", "bundle", "arch"}]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import mmap
+import os
+import re
+import struct
+import sys
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zstandard
+
+from rocmforge.arch import GENERIC_TARGETS, TargetID, parse_target_id
+from rocmforge.errors import UserError
+
+BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+CCOB_MAGIC = b"CCOB"
+ELF_MAGIC = b"\x7fELF"
+AR_MAGIC = b"!<arch>\n"
+ZIP_MAGIC = b"PK\x03\x04"
+FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
+EM_AMDGPU = 224
+EM_CUDA = 190
+
+# CCOB header sizes by format version (clang's OffloadBundler.cpp): magic, u16 version,
+# u16 method, then v1: u32 uncompressed size; v2: u32 total size, u32 uncompressed size;
+# v3: u64 total size, u64 uncompressed size; all followed by a u64 truncated MD5.
+_CCOB_HEADER = {1: 20, 2: 24, 3: 32}
+_CCOB_METHODS = {0: "zlib", 1: "zstd"}  # llvm::compression::Format
+_CCOB_FEED = 4096  # compressed bytes fed per step while waiting for a complete entry table
+
+# EF_AMDGPU_MACH values (LLVM AMDGPUUsage, "AMDGPU ELF Header" table).
+_AMDGPU_MACH: dict[int, str] = {
+    0x28: "gfx801", 0x29: "gfx802", 0x2A: "gfx803", 0x2B: "gfx810", 0x2C: "gfx900",
+    0x2D: "gfx902", 0x2E: "gfx904", 0x2F: "gfx906", 0x30: "gfx908", 0x31: "gfx909",
+    0x32: "gfx90c", 0x33: "gfx1010", 0x34: "gfx1011", 0x35: "gfx1012", 0x36: "gfx1030",
+    0x37: "gfx1031", 0x38: "gfx1032", 0x39: "gfx1033", 0x3C: "gfx805", 0x3D: "gfx1035",
+    0x3E: "gfx1034", 0x3F: "gfx90a", 0x40: "gfx940", 0x41: "gfx1100", 0x42: "gfx1013",
+    0x43: "gfx1150", 0x44: "gfx1103", 0x45: "gfx1036", 0x46: "gfx1101", 0x47: "gfx1102",
+    0x48: "gfx1200", 0x49: "gfx1250", 0x4A: "gfx1151", 0x4B: "gfx941", 0x4C: "gfx942",
+    0x4E: "gfx1201", 0x4F: "gfx950", 0x51: "gfx9-generic", 0x52: "gfx10-1-generic",
+    0x53: "gfx10-3-generic", 0x54: "gfx11-generic", 0x55: "gfx1152", 0x58: "gfx1153",
+    0x59: "gfx12-generic", 0x5F: "gfx9-4-generic",
+}  # fmt: skip
+_ELFABIVERSION_AMDGPU_HSA_V3 = 1
+# Sections that never embed an offload bundle: symbol/string tables, relocations, hash and
+# version tables, dynamic info (by sh_type), machine code (SHF_EXECINSTR), unwind and debug
+# info (by name). Section names live in a string table, which is skipped too.
+_NO_DATA_TYPES = frozenset({2, 3, 4, 5, 6, 9, 11, 0x6FFFFFF6, 0x6FFFFFFE, 0x6FFFFFFF, 0x6FFFFFFD})
+_NO_DATA_PREFIXES = (".eh_frame", ".gcc_except_table", ".debug_")
+_SHF_EXECINSTR = 0x4
+_SHT_NOBITS = 8
+# Code object v4+: two bits per feature, 0 = unsupported, 1 = any, 2 = off, 3 = on.
+_V4_FEATURES = (("xnack", 8), ("sramecc", 10))
+
+_ENTRY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)-(?P<triple>[^-]+-[^-]*-[^-]*(?:-[^-]*)?)-(?P<target>.*)$")
+_SM_RE = re.compile(r"^sm_(\d+)([a-z]?)$")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One unit the GPU runtime loads on its own: an offload bundle, a code object, a fatbin."""
+
+    offset: int  # where it starts in the file (or archive member)
+    format: str  # "bundle", "ccob-v3-zstd", "code-object", "rdc-sections", "nv_fatbin"
+    entries: tuple[str, ...]  # the entry IDs as written (``hipv4-amdgcn-amd-amdhsa--gfx942``)
+
+    @property
+    def targets(self) -> list[str]:
+        """Device target IDs, sorted, without the ``hipv4-amdgcn-amd-amdhsa--`` prefix."""
+        return sorted({t for t in map(entry_target, self.entries) if t})
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """Everything found in one shared object, object file or code object."""
+
+    path: str  # the file on disk (a wheel, an archive or the object itself)
+    member: str | None  # path inside the wheel/archive, ``lib.a(obj.o)`` for archive members
+    bundles: tuple[Bundle, ...] = ()
+
+    @property
+    def targets(self) -> list[str]:
+        return sorted({t for b in self.bundles for t in b.targets})
+
+    @property
+    def archs(self) -> list[str]:
+        return sorted({_processor(t) for t in self.targets})
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "member": self.member,
+            "bundles": [{"targets": b.targets, "offset": b.offset, "format": b.format} for b in self.bundles],
+            "targets": self.targets,
+            "archs": self.archs,
+        }
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A required arch that one bundle of one file cannot run on."""
+
+    path: str
+    member: str | None
+    bundle: int
+    arch: str
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "member": self.member, "bundle": self.bundle, "arch": self.arch}
+
+
+@dataclass
+class Report:
+    """The result of inspecting some paths, with the coverage check against ``required``."""
+
+    files: list[FileReport] = field(default_factory=list)
+    missing: list[Missing] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"files": [f.to_json() for f in self.files], "missing": [m.to_json() for m in self.missing]}
+
+
+# ---------------------------------------------------------------------------- target IDs
+
+
+def entry_target(entry: str) -> str | None:
+    """The device target of a bundle entry ID, or ``None`` for the host entry.
+
+    ``hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-`` -> ``gfx942:sramecc+:xnack-``;
+    ``hip-nvptx64-nvidia-cuda--sm_80`` -> ``sm_80``; ``host-x86_64-unknown-linux-gnu-`` -> None.
+    """
+    m = _ENTRY_RE.match(entry)
+    if not m or m["kind"] == "host" or not m["target"]:
+        return None
+    return m["target"]
+
+
+def _processor(target: str) -> str:
+    return target.split(":", 1)[0]
+
+
+def _is_cuda(name: str) -> bool:
+    return name.startswith(("sm_", "compute_"))
+
+
+def covers(targets: list[str], required: str) -> bool:
+    """Whether a unit holding code for ``targets`` can run on every device ``required`` names.
+
+    AMD: a target matches a processor by name or through its generic target (gfx9-4-generic
+    runs on gfx940-942, not gfx950). A feature the code object leaves open (``gfx942``) runs
+    in either device mode; ``gfx942:xnack+`` runs only on a device in xnack+ mode. A
+    requirement that leaves a feature open stands for both modes, so it needs an open target
+    or one target per mode. CUDA: SASS ``sm_XY`` runs on ``sm_XZ`` with Z >= Y; PTX
+    ``compute_XY`` is JIT-compiled for any ``sm_`` >= XY.
+    """
+    if _is_cuda(required):
+        return _covers_cuda(targets, required)
+    want = parse_target_id(required)
+    candidates = []
+    for text in targets:
+        if _is_cuda(text):
+            continue
+        t = parse_target_id(text)
+        if t.processor == want.processor or want.processor in GENERIC_TARGETS.get(t.processor, ()):
+            candidates.append(t)
+    modes = itertools.product(
+        *[(True, False) if getattr(want, f) is None else (getattr(want, f),) for f in ("sramecc", "xnack")]
+    )
+    return all(any(_runs_in_mode(t, sramecc, xnack) for t in candidates) for sramecc, xnack in modes)
+
+
+def _runs_in_mode(target: TargetID, sramecc: bool, xnack: bool) -> bool:
+    return target.sramecc in (None, sramecc) and target.xnack in (None, xnack)
+
+
+def _covers_cuda(targets: list[str], required: str) -> bool:
+    m = _SM_RE.match(required)
+    if not m:
+        raise UserError(f"--require: {required!r} is not a CUDA arch; write it as sm_90")
+    want = int(m[1])
+    for text in targets:
+        kind, _, num = text.partition("_")
+        digits = int(re.sub(r"\D", "", num) or 0)
+        if kind == "sm" and digits // 10 == want // 10 and digits <= want:
+            return True
+        if kind == "compute" and digits <= want:
+            return True
+    return False
+
+
+def parse_required(text: str) -> tuple[str, ...]:
+    """``gfx90a,gfx942`` (commas or semicolons) -> normalised target IDs and sm_XX names."""
+    out = []
+    for item in filter(None, (p.strip() for p in re.split(r"[,;\s]+", text))):
+        if _is_cuda(item):
+            out.append(item)
+            continue
+        try:
+            out.append(str(parse_target_id(item.lower())))
+        except ValueError as exc:
+            raise UserError(f"--require: {exc}; use names such as gfx90a,gfx942 or sm_90") from None
+    if not out:
+        raise UserError("--require: no arch given; use names such as gfx90a,gfx942")
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------ bundle decoding
+
+
+def _parse_entry_table(buf, start: int, end: int) -> tuple[tuple[str, ...], int] | None:
+    """Entry IDs and total size of the uncompressed bundle at ``start``; None if not one.
+
+    Returns ``None`` also when ``buf`` ends before the table does (a caller decoding a stream
+    then feeds more). Offsets are relative to ``start`` and must lie inside ``[start, end)``.
+    """
+    head = start + len(BUNDLE_MAGIC)
+    if head + 8 > end:
+        return None
+    (count,) = struct.unpack_from("<Q", buf, head)
+    if not 0 < count <= 4096:
+        return None
+    pos, entries, extent = head + 8, [], 0
+    for _ in range(count):
+        if pos + 24 > end:
+            return None
+        offset, size, id_len = struct.unpack_from("<QQQ", buf, pos)
+        pos += 24
+        if id_len > 1024 or pos + id_len > end:
+            return None
+        try:
+            entries.append(bytes(buf[pos : pos + id_len]).decode("ascii"))
+        except UnicodeDecodeError:
+            return None
+        pos += id_len
+        extent = max(extent, offset + size)
+    return tuple(entries), max(extent, pos - start)
+
+
+def _bundle_at(buf, start: int, end: int) -> tuple[Bundle, int] | None:
+    parsed = _parse_entry_table(buf, start, end)
+    if parsed is None or parsed[1] > end - start:
+        return None
+    entries, size = parsed
+    return Bundle(start, "bundle", entries), size
+
+
+def _ccob_at(buf, start: int, end: int) -> tuple[Bundle, int] | None:
+    """Decode the compressed bundle at ``start``: header, then just enough of the stream.
+
+    The entry table sits at the start of the compressed payload, so decompression stops as
+    soon as it is complete; the payload behind it (the code objects) is never inflated.
+    """
+    if start + 8 > end:
+        return None
+    version, method = struct.unpack_from("<HH", buf, start + 4)
+    if version not in _CCOB_HEADER or method not in _CCOB_METHODS:
+        return None
+    header = _CCOB_HEADER[version]
+    if start + header > end:
+        return None
+    if version == 1:
+        total = end - start  # v1 does not record its size: the stream ends where it ends
+    else:
+        total = struct.unpack_from("<I" if version == 2 else "<Q", buf, start + 8)[0]
+        if not header < total <= end - start:
+            return None
+    payload_end = start + total
+    if method == 0:
+        inflater = zlib.decompressobj()
+    else:
+        inflater = zstandard.ZstdDecompressor().decompressobj()
+    out = bytearray()
+    pos = start + header
+    try:
+        while pos < payload_end:
+            out += inflater.decompress(bytes(buf[pos : min(pos + _CCOB_FEED, payload_end)]))
+            pos += _CCOB_FEED
+            if len(out) >= len(BUNDLE_MAGIC):
+                if not out.startswith(BUNDLE_MAGIC):
+                    return None
+                parsed = _parse_entry_table(out, 0, len(out))
+                if parsed is not None:
+                    fmt = f"ccob-v{version}-{_CCOB_METHODS[method]}"
+                    return Bundle(start, fmt, parsed[0]), (total if version > 1 else header)
+            if getattr(inflater, "eof", False):
+                return None
+    except (zlib.error, zstandard.ZstdError):
+        return None
+    return None
+
+
+def find_bundles(buf, start: int = 0, end: int | None = None, *, skip=()) -> list[Bundle]:
+    """Every uncompressed and compressed offload bundle in ``buf[start:end]``, in file order.
+
+    ``skip`` lists ``(start, end)`` ranges that cannot hold a bundle (machine code, symbol
+    tables); leaving them out is what keeps a 1 GB library fast. A magic string that is not
+    followed by a valid header (text that mentions it, a stray ``CCOB``) is passed over.
+    """
+    end = len(buf) if end is None else end
+    found: list[Bundle] = []
+    for lo, hi in _complement(start, end, skip):
+        for magic, decode in ((BUNDLE_MAGIC, _bundle_at), (CCOB_MAGIC, _ccob_at)):
+            pos = lo
+            while (hit := buf.find(magic, pos, hi)) >= 0:
+                decoded = decode(buf, hit, end)
+                if decoded is None:
+                    pos = hit + 1
+                    continue
+                found.append(decoded[0])
+                pos = hit + max(decoded[1], 1)
+    return sorted(found, key=lambda b: b.offset)
+
+
+def _complement(start: int, end: int, skip) -> Iterator[tuple[int, int]]:
+    """The parts of ``[start, end)`` outside the ``skip`` ranges."""
+    pos = start
+    for lo, hi in sorted(skip):
+        if lo > pos:
+            yield pos, min(lo, end)
+        pos = max(pos, hi)
+    if pos < end:
+        yield pos, end
+
+
+# ------------------------------------------------------------------------------ ELF files
+
+
+@dataclass(frozen=True)
+class _Section:
+    name: str
+    offset: int
+    size: int
+    holds_data: bool  # False for code, symbols, relocations, unwind tables: no bundle inside
+
+
+def _elf_sections(buf, base: int, end: int) -> list[_Section]:
+    """Section headers of the 64-bit little-endian ELF at ``base`` (empty if unreadable)."""
+    if buf[base + 4] != 2 or buf[base + 5] != 1 or base + 64 > end:
+        return []
+    shoff, shentsize, shnum, shstrndx = (
+        struct.unpack_from("<Q", buf, base + 0x28)[0],
+        *struct.unpack_from("<HHH", buf, base + 0x3A),
+    )
+    if not shoff or shentsize < 64 or base + shoff + shnum * shentsize > end or shstrndx >= shnum:
+        return []
+    raw = []
+    for i in range(shnum):
+        h = base + shoff + i * shentsize
+        name, sh_type, flags = struct.unpack_from("<IIQ", buf, h)
+        offset, size = struct.unpack_from("<QQ", buf, h + 0x18)
+        raw.append((name, sh_type, flags, offset, size))
+    strtab_off, strtab_size = raw[shstrndx][3], raw[shstrndx][4]
+    sections = []
+    for name, sh_type, flags, offset, size in raw:
+        s = base + strtab_off + name
+        stop = buf.find(b"\0", s, base + strtab_off + strtab_size)
+        text = bytes(buf[s:stop]).decode("ascii", "replace") if stop >= 0 else ""
+        holds_data = (
+            sh_type not in _NO_DATA_TYPES
+            and not flags & _SHF_EXECINSTR
+            and not text.startswith(_NO_DATA_PREFIXES)
+        )
+        size = 0 if sh_type == _SHT_NOBITS else size
+        sections.append(_Section(text, base + offset, size, holds_data))
+    return sections
+
+
+def _amdgpu_target(buf, base: int) -> str:
+    """The target ID a bare AMDGPU code object was built for, from its ELF header flags."""
+    (flags,) = struct.unpack_from("<I", buf, base + 0x30)
+    name = _AMDGPU_MACH.get(flags & 0xFF, f"gfx-unknown-mach-{flags & 0xFF:#x}")
+    features = {}
+    if buf[base + 8] == _ELFABIVERSION_AMDGPU_HSA_V3:
+        if flags & 0x200:
+            features["sramecc"] = True
+        if flags & 0x100:
+            features["xnack"] = True
+    else:
+        for feature, shift in _V4_FEATURES:
+            setting = (flags >> shift) & 3
+            if setting in (2, 3):
+                features[feature] = setting == 3
+    return str(TargetID(name, **features))
+
+
+def _fatbins(buf, section: _Section) -> Iterator[Bundle]:
+    """CUDA fat binaries in a ``.nv_fatbin`` section: one per translation unit."""
+    pos, end = section.offset, section.offset + section.size
+    while (hit := buf.find(FATBIN_MAGIC, pos, end)) >= 0:
+        header_size, fat_size = struct.unpack_from("<HQ", buf, hit + 6)
+        stop = min(hit + header_size + fat_size, end)
+        entries, p = [], hit + header_size
+        while p + 32 <= stop:
+            kind, entry_header, payload = struct.unpack_from("<HxxIQ", buf, p)
+            (sm,) = struct.unpack_from("<I", buf, p + 28)
+            # kind 1 is PTX (JIT-compiled on the device), 2 is an ELF cubin (SASS)
+            entries.append(f"cuda-nvptx64-nvidia-cuda--{'compute' if kind == 1 else 'sm'}_{sm}")
+            if entry_header == 0:
+                break
+            p += entry_header + payload
+        yield Bundle(hit, "nv_fatbin", tuple(entries))
+        pos = max(stop, hit + 1)
+
+
+def inspect_elf(buf, base: int = 0, end: int | None = None) -> list[Bundle]:
+    """The GPU units of the ELF file at ``buf[base:end]``: bundles, code object or fatbins."""
+    end = len(buf) if end is None else end
+    (machine,) = struct.unpack_from("<H", buf, base + 18)
+    if machine == EM_AMDGPU:
+        target = _amdgpu_target(buf, base)
+        return [Bundle(base, "code-object", (f"hipv4-amdgcn-amd-amdhsa--{target}",))]
+    sections = _elf_sections(buf, base, end)
+    skip = [(s.offset, s.offset + s.size) for s in sections if not s.holds_data]
+    bundles = find_bundles(buf, base, end, skip=skip)
+    prefix = BUNDLE_MAGIC.decode()
+    rdc = [s.name[len(prefix) :] for s in sections if s.name.startswith(prefix)]
+    if rdc:  # -fgpu-rdc: one section of device bitcode per target instead of a bundle
+        bundles.append(Bundle(base, "rdc-sections", tuple(rdc)))
+    for s in sections:
+        if s.name == ".nv_fatbin":
+            bundles.extend(_fatbins(buf, s))
+    return sorted(bundles, key=lambda b: b.offset)
+
+
+# -------------------------------------------------------------------------- containers
+
+
+def _archive_members(buf, start: int, end: int) -> Iterator[tuple[str, int, int]]:
+    """(name, start, end) of each member of the ``ar`` archive at ``buf[start:end]``."""
+    pos, long_names = start + len(AR_MAGIC), b""
+    while pos + 60 <= end:
+        header = bytes(buf[pos : pos + 60])
+        name = header[:16].decode("ascii", "replace").rstrip()
+        try:
+            size = int(header[48:58].decode("ascii").strip() or 0)
+        except ValueError:
+            return
+        data = pos + 60
+        if name == "//":
+            long_names = bytes(buf[data : data + size])
+        elif name not in ("/", "/SYM64/", "__.SYMDEF"):
+            if name.startswith("/") and name[1:].isdigit():
+                idx = int(name[1:])
+                name = long_names[idx : long_names.find(b"/\n", idx)].decode("ascii", "replace")
+            yield name.rstrip("/"), data, min(data + size, end)
+        pos = data + size + (size & 1)
+
+
+def _report_buffer(buf, path: str, member: str | None, start: int, end: int) -> Iterator[FileReport]:
+    head = bytes(buf[start : start + 8])
+    if head.startswith(ELF_MAGIC):
+        yield FileReport(path, member, tuple(inspect_elf(buf, start, end)))
+    elif head.startswith(AR_MAGIC):
+        for name, s, e in _archive_members(buf, start, end):
+            yield from _report_buffer(buf, path, f"{member or Path(path).name}({name})", s, e)
+    elif head.startswith((BUNDLE_MAGIC, CCOB_MAGIC)):
+        yield FileReport(path, member, tuple(find_bundles(buf, start, end)))
+
+
+def _report_zip(path: Path) -> Iterator[FileReport]:
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise UserError(f"cannot read {path} as a wheel/zip: {exc}") from None
+    with archive:
+        for info in archive.infolist():
+            if info.is_dir() or info.file_size < 64:
+                continue
+            with archive.open(info) as fh:
+                head = fh.read(8)
+                if not head.startswith((ELF_MAGIC, AR_MAGIC, BUNDLE_MAGIC, CCOB_MAGIC)):
+                    continue
+                data = head + fh.read()
+            yield from _report_buffer(data, str(path), info.filename, 0, len(data))
+
+
+def _report_file(path: Path, *, explicit: bool) -> Iterator[FileReport]:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if head.startswith(ZIP_MAGIC):
+                yield from _report_zip(path)
+                return
+            known = head.startswith((ELF_MAGIC, AR_MAGIC, BUNDLE_MAGIC, CCOB_MAGIC))
+            if not known and not explicit:
+                return
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                yield FileReport(str(path), None)
+                return
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                if known:
+                    yield from _report_buffer(buf, str(path), None, 0, size)
+                else:  # a raw blob named on the command line: look for bundles anywhere
+                    yield FileReport(str(path), None, tuple(find_bundles(buf)))
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def iter_reports(paths: list[str | os.PathLike[str]]) -> Iterator[FileReport]:
+    """Reports for every object in ``paths`` (files, wheels, archives, directories)."""
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for sub in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
+                yield from _report_file(sub, explicit=False)
+        elif path.exists():
+            yield from _report_file(path, explicit=True)
+        else:
+            raise UserError(f"{path}: no such file or directory")
+
+
+def inspect_paths(
+    paths: list[str | os.PathLike[str]],
+    required: tuple[str, ...] = (),
+    *,
+    on_file: Callable[[FileReport], None] | None = None,
+) -> Report:
+    """Inspect ``paths`` and check every bundle against ``required`` (target IDs, sm_XX)."""
+    report = Report()
+    for fr in iter_reports(paths):
+        report.files.append(fr)
+        report.missing.extend(missing_archs(fr, required))
+        if on_file:
+            on_file(fr)
+    return report
+
+
+def missing_archs(fr: FileReport, required: tuple[str, ...]) -> list[Missing]:
+    """Required archs that some bundle of ``fr`` holds no code for.
+
+    A bundle is checked only against requirements of its own vendor (AMD targets against
+    gfx names, CUDA fatbins against sm_XX), and only if it holds device code at all.
+    """
+    out = []
+    for index, bundle in enumerate(fr.bundles):
+        targets = bundle.targets
+        for want in required:
+            relevant = [t for t in targets if _is_cuda(t) == _is_cuda(want)]
+            if relevant and not covers(relevant, want):
+                out.append(Missing(fr.path, fr.member, index, want))
+    return out
+
+
+# -------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``python -m rocmforge inspect``."""
+    parser.add_argument("paths", nargs="+", metavar="PATH", help=".so, .o, .a, code object, wheel or dir")
+    parser.add_argument(
+        "--require",
+        metavar="ARCHS",
+        help="comma-separated archs every bundle must cover (gfx90a,gfx942 or sm_90); exit 1 if not",
+    )
+    parser.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print what each object holds; exit 1 when a required arch is missing from a bundle."""
+    required = parse_required(args.require) if args.require else ()
+    report = inspect_paths(args.paths, required)
+    if args.json:
+        json.dump(report.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_table(report, required)
+    return 1 if report.missing else 0
+
+
+def _print_table(report: Report, required: tuple[str, ...]) -> None:
+    from rich.table import Table
+
+    from rocmforge.console import console
+
+    table = Table(title="GPU code objects", show_lines=False)
+    for column in ("file", "bundles", "archs", "missing"):
+        table.add_column(column)
+    missing: dict[tuple[str, str | None], set[str]] = {}
+    for m in report.missing:
+        missing.setdefault((m.path, m.member), set()).add(m.arch)
+    for fr in report.files:
+        name = f"{fr.path}:{fr.member}" if fr.member else fr.path
+        lost = missing.get((fr.path, fr.member), set())
+        table.add_row(
+            name,
+            str(len(fr.bundles)),
+            " ".join(fr.archs) or "-",
+            f"[red]{' '.join(sorted(lost))}[/]" if lost else ("ok" if required and fr.bundles else ""),
+        )
+    console.print(table)
+    with_code = sum(1 for f in report.files if f.bundles)
+    console.print(f"{len(report.files)} objects, {with_code} with GPU code, {len(report.missing)} gaps")
