@@ -1,0 +1,231 @@
+"""``rocmforge.lock.toml``: exactly which sources and toolchain a build used, to replay or check it.
+
+Per package: the resolved commit and every submodule's commit, the archive sha256, the
+patch files with their sha256 and a fingerprint of it all; plus the toolchain facts that
+shape the binaries (ROCm version, compiler versions). The file is TOML with one fact per line,
+sorted, so ``git diff`` of two locks reads as a list of what changed.
+
+Locked mode (``ROCMFORGE_LOCKED=1``, or ``nox -s lock -- --locked``) replays the lock: a
+package pinned only by a branch gets the lock's commit, and any difference between what would
+be checked out and the lock stops the run with the first difference named.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from rocmforge.config import Config
+from rocmforge.console import console
+from rocmforge.errors import UserError
+from rocmforge.fsutil import atomic_write, file_lock
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+LOCK_FILE = "rocmforge.lock.toml"
+LOCKED_ENV = "ROCMFORGE_LOCKED"
+_HEADER = """\
+# rocmforge.lock.toml: the exact sources and toolchain of a build.
+# Written by `nox -s lock` (and by every build); replay it with ROCMFORGE_LOCKED=1.
+# Do not edit by hand: change build_config.toml and run `nox -s lock` again.
+"""
+
+
+def lock_path(cfg: Config) -> Path:
+    """The lock file next to the config."""
+    return cfg.root / LOCK_FILE
+
+
+def locked_mode(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ROCMFORGE_LOCKED`` asks for a replay of the lock."""
+    environ = os.environ if environ is None else environ
+    return environ.get(LOCKED_ENV, "").lower() in ("1", "true", "yes", "on")
+
+
+def read_lock(cfg: Config) -> dict | None:
+    """The parsed lock file, or None when there is none."""
+    path = lock_path(cfg)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({exc}); run `nox -s lock` to write it again") from None
+
+
+def locked_entry(cfg: Config, name: str) -> dict | None:
+    """In locked mode, the lock's entry for package ``name``; otherwise None."""
+    if not locked_mode():
+        return None
+    data = read_lock(cfg)
+    if data is None:
+        raise UserError(f"{LOCKED_ENV}=1 but {lock_path(cfg)} does not exist; run `nox -s lock` first")
+    entry = data.get("packages", {}).get(name)
+    if entry is None:
+        raise UserError(f"{LOCKED_ENV}=1 but {LOCK_FILE} has no package {name!r}; run `nox -s lock` again")
+    return entry
+
+
+def package_entry(checkout) -> dict:
+    """What the lock records about one prepared checkout (a :class:`rocmforge.sources.Checkout`)."""
+    entry = {"kind": checkout.kind, "fingerprint": checkout.fingerprint()}
+    for key in ("url", "version", "commit", "sha256"):
+        value = getattr(checkout, key)
+        if value is not None:
+            entry[key] = value
+    if checkout.submodules:
+        entry["submodules"] = dict(sorted(checkout.submodules.items()))
+    if checkout.patches:
+        entry["patches"] = {file: sha for file, sha in checkout.patches}
+    return entry
+
+
+def check_checkout(cfg: Config, checkout) -> None:
+    """In locked mode, stop when ``checkout`` differs from the lock's entry for its package."""
+    entry = locked_entry(cfg, checkout.package)
+    if entry is not None:
+        _require_same(entry, package_entry(checkout), f"packages.{checkout.package}")
+
+
+def _require_same(locked: Mapping, current: Mapping, prefix: str) -> None:
+    first = next(iter(_differences(locked, current, prefix)), None)
+    if first is not None:
+        key, was, now = first
+        raise UserError(
+            f"{LOCKED_ENV}: {key} is {now!r} but {LOCK_FILE} has {was!r}; "
+            "run `nox -s lock` to accept the change, or restore the config that made the lock"
+        )
+
+
+def _differences(a: Mapping, b: Mapping, prefix: str):
+    for key in sorted({*a, *b}):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            yield from _differences(x, y, f"{prefix}.{key}" if prefix else key)
+        elif x != y:
+            yield (f"{prefix}.{key}" if prefix else key), x, y
+
+
+def toolchain_facts() -> dict[str, str]:
+    """ROCm and compiler versions, from ``rocmforge.host`` when available."""
+    if importlib.util.find_spec("rocmforge.host") is not None:
+        from rocmforge import host
+
+        facts = host.gather()
+        found = {name: str(version) for name, version in facts.compilers.items() if version}
+        if facts.rocm_installs:
+            found["rocm"] = str(facts.rocm_installs[0].version)
+        found["python"] = ".".join(map(str, sys.version_info[:3]))
+        return dict(sorted(found.items()))
+    return _own_toolchain_facts()
+
+
+def _own_toolchain_facts() -> dict[str, str]:
+    """Minimal version probe for hosts without ``rocmforge.host``: first version-looking word."""
+    found = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for tool, args in (
+        ("gcc", ["-dumpfullversion"]),
+        ("clang", ["--version"]),
+        ("hipcc", ["--version"]),
+        ("cmake", ["--version"]),
+        ("git", ["--version"]),
+    ):
+        exe = shutil.which(tool)
+        if exe is None:
+            continue
+        out = subprocess.run(
+            [exe, *args], capture_output=True, text=True, env={**os.environ, "HIP_PLATFORM": "amd"}
+        )
+        m = re.search(r"\d+\.\d+(\.\d+)?", out.stdout)
+        if m:
+            found[tool] = m.group(0)
+    rocm = Path(os.environ.get("ROCM_PATH", "/opt/rocm")) / ".info" / "version"
+    if rocm.is_file():
+        found["rocm"] = rocm.read_text().strip()
+    return dict(sorted(found.items()))
+
+
+def render(data: Mapping) -> str:
+    """Deterministic TOML: scalar keys first, then sub-tables, all sorted; one fact per line."""
+    lines = [_HEADER.rstrip("\n")]
+
+    def table(name: str, t: Mapping) -> None:
+        scalars = {k: v for k, v in t.items() if not isinstance(v, Mapping)}
+        if scalars:
+            lines.append("")
+            lines.append(f"[{name}]")
+            lines.extend(f"{_key(k)} = {_value(v)}" for k, v in sorted(scalars.items()))
+        for k, v in sorted(t.items()):
+            if isinstance(v, Mapping):
+                table(f"{name}.{_key(k)}", v)
+
+    for k, v in sorted(data.items()):
+        table(_key(k), v)
+    return "\n".join(lines) + "\n"
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _value(k)
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def build_lock(cfg: Config, *, offline: bool = False) -> dict:
+    """Prepare every package built from source and collect what the lock records."""
+    from rocmforge import sources
+
+    packages = {}
+    for name in cfg.build_order():
+        if cfg.package(name).source is None:
+            continue
+        packages[name] = package_entry(sources.prepare(cfg, name, offline=offline))
+    return {"toolchain": toolchain_facts(), "packages": packages}
+
+
+def write_lock(cfg: Config, *, offline: bool = False, locked: bool | None = None) -> Path:
+    """Write ``rocmforge.lock.toml`` (atomically); in locked mode refuse any difference instead."""
+    locked = locked_mode() if locked is None else locked
+    path = lock_path(cfg)
+    with file_lock(path.with_name(f".{LOCK_FILE}.lock"), what="writing the lock"):
+        data = build_lock(cfg, offline=offline)
+        if locked:
+            existing = read_lock(cfg)
+            if existing is None:
+                raise UserError(f"locked mode but {path} does not exist; run `nox -s lock` first")
+            _require_same(existing, data, "")
+            console.print(f"{path.name}: everything matches")
+            return path
+        text = render(data)
+        if path.is_file() and path.read_text() == text:
+            console.print(f"{path.name}: unchanged")
+        else:
+            atomic_write(path, text)
+            console.print(f"wrote {path}")
+    return path
+
+
+def lock_session(session, cfg: Config) -> None:
+    """``nox -s lock [-- --locked] [--offline]``."""
+    args = set(session.posargs)
+    unknown = args - {"--locked", "--offline"}
+    if unknown:
+        session.error(f"unknown arguments {sorted(unknown)}; use --locked and/or --offline")
+    try:
+        write_lock(cfg, offline="--offline" in args, locked=True if "--locked" in args else None)
+    except UserError as exc:
+        session.error(str(exc))
