@@ -44,6 +44,14 @@ def toolchain(session: nox.Session) -> None:
 
 
 @nox.session
+def bench(session: nox.Session) -> None:
+    """Measure the wheelhouse on this GPU against its peak (-- --quick; A/B: -- --b-python PATH)."""
+    from rocmforge import bench
+
+    bench.nox_session(session, CONFIG)
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (pass pytest arguments after --)."""
     session.install("-e", ".[test]")
