@@ -198,14 +198,12 @@ class Server:
         """Median ms of the same call timed by two independent timers of the environment."""
         self._prepare(case)
         out: dict = {}
-        try:
-            import triton.testing
-
+        if triton is None:
+            out["triton.testing.do_bench"] = f"skipped: triton is not importable here ({NO_TRITON})"
+        else:
             out["triton.testing.do_bench"] = triton.testing.do_bench(
                 self.fn, warmup=100, rep=500, return_mode="median"
             )
-        except ImportError as exc:
-            out["triton.testing.do_bench"] = f"skipped: {exc}"
         from torch.utils import benchmark
 
         timer = benchmark.Timer(stmt="fn()", globals={"fn": self.fn})
@@ -216,6 +214,7 @@ class Server:
 try:  # the kernel exists only in environments with Triton; its cases fail clearly elsewhere
     import triton
     import triton.language as tl
+    import triton.testing
 except Exception as exc:  # missing, or broken against this torch: a finding to report
     triton = None
     NO_TRITON = str(exc)
