@@ -60,7 +60,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and format check."""
-    session.install("ruff>=0.6")
+    """ruff check and format check; the CI workflows against GitHub's schema and zizmor."""
+    session.install("ruff>=0.6", "zizmor>=1.0", "check-jsonschema>=0.29")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    workflows = sorted(str(p) for p in ROOT.glob(".github/workflows/*.yml"))
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    session.run("zizmor", "--offline", "--no-progress", *workflows)  # CI has no GitHub API
