@@ -1,0 +1,423 @@
+"""The doctor: checks over the host facts, each with a status, what was found and the fix.
+
+Version requirements tied to the pins (torch >= 2.12 needs gcc >= 13, vLLM needs
+cmake >= 3.26.1,<4, ...) are data in ``build_config.toml`` (``packages.*.requires``); this
+module only knows how to look a tool's version up and what the usual fix is. ROCm checks
+apply to the ``rocm`` backend only; the CUDA and CPU backends skip them.
+
+``python -m rocmforge doctor [--json]`` and ``nox -s toolchain`` print the same table and exit
+non-zero when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from rocmforge.buildenv import GIB, parallel_jobs, pick_compilers, rocm_for_build, satisfies
+from rocmforge.config import Config, Package
+from rocmforge.errors import UserError
+from rocmforge.host import KEY_LIBRARIES, HostFacts, install_of, selected_rocm
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+# Free space where builds go: a PyTorch tree with its build dir and ccache takes ~40 GB.
+DISK_FAIL_GB, DISK_WARN_GB = 20, 60
+# Libraries every ROCm build links; the math/communication libraries only PyTorch's needs.
+CORE_LIBRARIES = ("amdhip64", "hsa-runtime64")
+# How to fix an unmet requirement, per tool: the usual remedy on Ubuntu/Debian hosts.
+FIX_HINTS: dict[str, str] = {
+    "gcc": "install gcc-{major} g++-{major} (apt); rocmforge then picks gcc-{major} itself, or set CC/CXX",
+    "g++": "install g++-{major} (apt) or set CXX",
+    "clang": "install clang-{major} (apt.llvm.org) or set CC/CXX",
+    "cmake": "pip install 'cmake{spec}' (CMake 4 broke several ROCm builds)",
+    "ninja": "pip install ninja",
+    "git": "install git (apt install git)",
+    "python": "use a Python that matches {spec} (uv python install)",
+    "rocm": "install ROCm {spec} (repo.radeon.com) or `pip install rocm[libraries,devel]`; set ROCM_PATH",
+    "nvcc": "install the CUDA toolkit {spec} and set CUDA_HOME",
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's table."""
+
+    name: str
+    status: str  # ok | warn | fail
+    found: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class _Context:
+    cfg: Config
+    facts: HostFacts
+    packages: tuple[Package, ...]  # the packages built from source
+
+    @property
+    def rocm(self) -> bool:
+        return self.cfg.build.backend == "rocm"
+
+
+def _gb(n: int | None) -> str:
+    return "?" if n is None else f"{n / GIB:.0f} GB"
+
+
+def _host(ctx: _Context) -> list[Check]:
+    f = ctx.facts
+    quota = f"cgroup quota {f.cpu_quota:g}" if f.cpu_quota else "no cgroup quota"
+    limit = f"cgroup limit {_gb(f.mem_limit_bytes)}" if f.mem_limit_bytes else "no cgroup limit"
+    checks = [
+        Check("host", OK, f"{f.os}, kernel {f.kernel}, Python {f.python}"),
+        Check("cpus", OK, f"{f.cpus} usable ({f.cpus_online} online, {quota})"),
+    ]
+    jobs = [(p, parallel_jobs(ctx.cfg, p, f)) for p in ctx.packages]
+    summary = ", ".join(f"{p.name} {n} x {p.gb_per_job:g} GB" for p, n in jobs) or "nothing to build"
+    found = f"{_gb(f.mem_bytes)} usable ({limit}); jobs: {summary}"
+    too_many = [(p, n) for p, n in jobs if n * p.gb_per_job * GIB > f.mem_bytes]
+    if any(p.gb_per_job * GIB > f.mem_bytes for p, _ in jobs):
+        checks.append(
+            Check("memory", FAIL, found, "not enough RAM for even one compile job; use a bigger machine")
+        )
+    elif too_many:
+        p, n = too_many[0]
+        fit = max(1, int(f.mem_bytes / (p.gb_per_job * GIB)))
+        checks.append(
+            Check(
+                "memory",
+                WARN,
+                found,
+                f"{n} jobs of {p.name} need {n * p.gb_per_job:g} GB: cc1plus gets OOM-killed; "
+                f"unset MAX_JOBS/build.jobs or use MAX_JOBS={fit}",
+            )
+        )
+    else:
+        checks.append(Check("memory", OK, found))
+    free_gb = (f.disk_free_bytes or 0) / GIB
+    disk_found = f"{_gb(f.disk_free_bytes)} free at {f.disk_path}"
+    fix = f"free space or point build.work_dir elsewhere (a PyTorch build takes ~{DISK_FAIL_GB * 2} GB)"
+    if f.disk_free_bytes is not None and free_gb < DISK_FAIL_GB:
+        checks.append(Check("disk", FAIL, disk_found, fix))
+    elif f.disk_free_bytes is not None and free_gb < DISK_WARN_GB:
+        checks.append(Check("disk", WARN, disk_found, fix))
+    else:
+        checks.append(Check("disk", OK, disk_found))
+    return checks
+
+
+def _tools(ctx: _Context) -> list[Check]:
+    checks = []
+    for tool in ("cmake", "ninja", "git"):
+        version = ctx.facts.tools.get(tool)
+        if version:
+            checks.append(Check(tool, OK, version))
+        else:
+            checks.append(Check(tool, FAIL, "not found", FIX_HINTS[tool].format(spec="", major="")))
+    for var, value, version in (
+        ("CC", ctx.facts.cc, ctx.facts.cc_version),
+        ("CXX", ctx.facts.cxx, ctx.facts.cxx_version),
+    ):
+        if value and not version:
+            checks.append(Check(var, FAIL, f"{var}={value} does not run", f"fix or unset {var}"))
+    tool = ctx.cfg.build.compile_cache
+    if tool != "none":
+        path = getattr(ctx.facts, tool)
+        checks.append(
+            Check("compile cache", OK, path)
+            if path
+            else Check(
+                "compile cache",
+                FAIL,
+                f"{tool} not found",
+                f"install {tool} or set build.compile_cache = 'none'",
+            )
+        )
+    return checks
+
+
+def tool_version(ctx: _Context, package: Package, tool: str) -> str | None:
+    """The version of ``tool`` that ``package``'s build would use."""
+    f = ctx.facts
+    if tool in ("gcc", "g++"):
+        cc, cxx = pick_compilers(package, f)
+        chosen = cc if tool == "gcc" else cxx
+        if chosen in (f.cc, f.cxx) and chosen:
+            return f.cc_version if chosen == f.cc else f.cxx_version
+        return f.compilers.get(chosen or "")
+    if tool == "python":
+        return f.python
+    if tool == "rocm":
+        rocm = selected_rocm(f)
+        return rocm.version if rocm else None
+    return f.compilers.get(tool) or f.tools.get(tool)
+
+
+def _requirements(ctx: _Context) -> list[Check]:
+    checks = []
+    for package in ctx.packages:
+        for req in package.requires:
+            if req.tool == "rocm" and not ctx.rocm:
+                continue
+            version = tool_version(ctx, package, req.tool)
+            name = f"{package.name}: {req.tool} {req.spec}"
+            found = f"{req.tool} {version}" if version else f"no {req.tool}"
+            if satisfies(version, req.spec):
+                checks.append(Check(name, OK, found))
+            else:
+                major = next((c.lstrip(">=~") for c in req.spec.split(",") if c.startswith(">")), "")
+                hint = FIX_HINTS.get(req.tool, "install {tool} {spec}").format(
+                    tool=req.tool, spec=req.spec, major=major.split(".")[0]
+                )
+                checks.append(Check(name, FAIL, found, f"{hint} - {req.why}"))
+    return checks
+
+
+def _rocm(ctx: _Context) -> list[Check]:
+    f, cfg = ctx.facts, ctx.cfg
+    pinned = cfg.rocm_version
+    checks = []
+    try:
+        rocm = rocm_for_build(cfg, f)
+    except UserError as exc:
+        return [
+            Check(
+                "ROCm", FAIL, "no ROCm found" if "no ROCm" in str(exc) else str(exc).split(";")[0], str(exc)
+            )
+        ]
+    where = f"ROCm {rocm.version or '?'} at {rocm.root} ({rocm.origin})"
+    others = [i for i in f.rocm_installs if i is not rocm]
+    if others:
+        listed = "; ".join(f"{i.version or '?'} at {i.root}" for i in others)
+        checks.append(
+            Check(
+                "ROCm installs",
+                WARN,
+                f"{where}; also {listed}",
+                "builds use the first; set ROCM_PATH to choose",
+            )
+        )
+    else:
+        checks.append(Check("ROCm installs", OK, where))
+    if pinned:
+        if not rocm.version or not satisfies(rocm.version, f">={pinned}"):
+            checks.append(
+                Check(
+                    "ROCm version",
+                    FAIL,
+                    f"no ROCm {pinned}: found {where}, older than the pinned {pinned}",
+                    f"no ROCm {pinned} found: install ROCm {pinned} (repo.radeon.com, amdgpu-install) or "
+                    f"`pip install rocm[libraries,devel]`, then set ROCM_PATH to it",
+                )
+            )
+        elif not rocm.version.startswith(pinned):
+            checks.append(
+                Check(
+                    "ROCm version",
+                    WARN,
+                    f"ROCm {rocm.version}; the stack is validated with {pinned}",
+                    "builds may work; pin the matching versions if they do not",
+                )
+            )
+        else:
+            checks.append(Check("ROCm version", OK, f"ROCm {rocm.version} (pinned {pinned})"))
+    hipcc_owner = install_of(f, f.first_hipcc)
+    if f.first_hipcc is None:
+        checks.append(Check("hipcc on PATH", OK, f"none; builds put {rocm.root}/bin first"))
+    elif hipcc_owner is not rocm:
+        owner = f"ROCm {hipcc_owner.version} at {hipcc_owner.root}" if hipcc_owner else "no known ROCm"
+        checks.append(
+            Check(
+                "hipcc on PATH",
+                WARN,
+                f"{f.first_hipcc} belongs to {owner}, builds use {rocm.root}",
+                "two ROCm installs mixed: remove the other one from PATH or set ROCM_PATH",
+            )
+        )
+    else:
+        checks.append(Check("hipcc on PATH", OK, f.first_hipcc))
+    builds_torch = any(p.recipe == "pytorch" for p in ctx.packages)
+    missing = [n for n in KEY_LIBRARIES if not rocm.libraries.get(n)]
+    if missing:
+        severe = [n for n in missing if n in CORE_LIBRARIES or builds_torch]
+        checks.append(
+            Check(
+                "ROCm libraries",
+                FAIL if severe else WARN,
+                f"missing in {rocm.lib_dir or rocm.root}: {', '.join(missing)}",
+                "install the ROCm math and communication libraries (rocm-libs / rocm[libraries])",
+            )
+        )
+    else:
+        checks.append(Check("ROCm libraries", OK, ", ".join(KEY_LIBRARIES)))
+    return checks
+
+
+def _gpus(ctx: _Context) -> list[Check]:
+    f, arch = ctx.facts, ctx.cfg.build.arch
+    checks = [Check("arch list", OK, ";".join(arch))]
+    if not f.gpus:
+        checks.append(
+            Check(
+                "GPUs",
+                WARN,
+                "none visible",
+                "fine for building (archs come from build.arch); wheels can only be verified on a GPU host",
+            )
+        )
+    else:
+        seen = sorted({g.arch for g in f.gpus})
+        names = ", ".join(f"{g.arch} ({g.name})" if g.name else g.arch for g in f.gpus)
+        absent = [a for a in seen if not any(t.split(":")[0] == a for t in arch)]
+        checks.append(
+            Check(
+                "GPUs",
+                WARN if absent else OK,
+                names,
+                f"{', '.join(absent)} not in build.arch: the wheels will not run here "
+                "(hipErrorNoBinaryForGpu); add it or set PYTORCH_ROCM_ARCH"
+                if absent
+                else "",
+            )
+        )
+    join_fix = (
+        "sudo usermod -aG video,render $USER, then log in again "
+        "(containers: --device=/dev/kfd --device=/dev/dri)"
+    )
+    if f.kfd == "absent":
+        checks.append(
+            Check("/dev/kfd", WARN, "absent (no amdgpu driver, or not passed into the container)", join_fix)
+        )
+    else:
+        checks.append(
+            Check("/dev/kfd", OK if f.kfd == "ok" else FAIL, f"{f.kfd}", "" if f.kfd == "ok" else join_fix)
+        )
+    if f.dri == "denied":
+        checks.append(Check("/dev/dri", FAIL, "render nodes not accessible", join_fix))
+    needed = [g for g in f.device_groups if g not in f.groups]
+    if needed and f.user != "root":
+        checks.append(Check("groups", WARN, f"{f.user} is not in {', '.join(needed)}", join_fix))
+    return checks
+
+
+def _conda(ctx: _Context) -> list[Check]:
+    f = ctx.facts
+    if not f.conda_prefix or not f.conda_libstdcxx:
+        return []
+    found = f"{f.conda_libstdcxx} (GLIBCXX {f.conda_glibcxx or '?'}; system {f.system_glibcxx or '?'})"
+    fix = (
+        "conda deactivate before building, or `conda install -c conda-forge 'libstdcxx-ng>=13'`, "
+        "or drop $CONDA_PREFIX/lib from LD_LIBRARY_PATH"
+    )
+    older = bool(f.conda_glibcxx and f.system_glibcxx and satisfies(f.conda_glibcxx, f"<{f.system_glibcxx}"))
+    if f.conda_shadows and older:
+        return [Check("conda libstdc++", FAIL, f"shadows the system's: {found}", fix)]
+    if f.conda_shadows:
+        return [Check("conda libstdc++", WARN, f"shadows the system's: {found}", fix)]
+    return [Check("conda libstdc++", OK, f"present, not on the library path: {found}")]
+
+
+def _cuda(ctx: _Context) -> list[Check]:
+    f = ctx.facts
+    if not f.cuda_home or not f.tools.get("nvcc"):
+        return [Check("CUDA", FAIL, "no CUDA toolkit (nvcc) found", FIX_HINTS["nvcc"].format(spec=""))]
+    return [Check("CUDA", OK, f"nvcc {f.tools['nvcc']} at {f.cuda_home}")]
+
+
+# Check groups in table order; the bool says whether a group runs for a backend.
+CHECKS: tuple[tuple[Callable[[_Context], list[Check]], Callable[[str], bool]], ...] = (
+    (_host, lambda backend: True),
+    (_tools, lambda backend: True),
+    (_requirements, lambda backend: True),
+    (_rocm, lambda backend: backend == "rocm"),
+    (_gpus, lambda backend: backend == "rocm"),
+    (_cuda, lambda backend: backend == "cuda"),
+    (_conda, lambda backend: True),
+)
+
+
+def run_checks(cfg: Config, facts: HostFacts, packages: list[str] | None = None) -> list[Check]:
+    """All checks for building ``packages`` (default: every configured one) on this host."""
+    names = cfg.build_order(packages)
+    ctx = _Context(cfg, facts, tuple(cfg.package(n) for n in names if cfg.package(n).source is not None))
+    checks: list[Check] = [Check("config", OK, note) for note in cfg.overrides]
+    for group, applies in CHECKS:
+        if applies(cfg.build.backend):
+            checks.extend(group(ctx))
+    return checks
+
+
+def verdict(checks: list[Check]) -> str:
+    """One sentence: ready, or what failed and what to do."""
+    fails = [c for c in checks if c.status == FAIL]
+    warns = [c for c in checks if c.status == WARN]
+    if not fails:
+        return f"ready to build ({len(warns)} warning{'s' if len(warns) != 1 else ''})"
+    names = "; ".join(f"{c.name}: {c.found}" for c in fails)
+    return f"not ready to build: {len(fails)} check(s) failed ({names}); apply the fixes shown and rerun"
+
+
+def require_ok(cfg: Config, facts: HostFacts, packages: list[str] | None) -> list[Check]:
+    """Run the checks; raise a one-line ``UserError`` with the verdict when any fails."""
+    checks = run_checks(cfg, facts, packages)
+    if any(c.status == FAIL for c in checks):
+        raise UserError(verdict(checks) + " `nox -s toolchain`", exit_code=1)
+    return checks
+
+
+def render(checks: list[Check]) -> None:
+    """Print the checks as a table on the shared console."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from rocmforge.console import console
+
+    style = {OK: "green", WARN: "yellow", FAIL: "bold red"}
+    table = Table(title="rocmforge doctor", show_lines=False)
+    for column in ("check", "status", "found", "fix"):
+        table.add_column(column, overflow="fold")
+    for c in checks:
+        table.add_row(escape(c.name), f"[{style[c.status]}]{c.status}[/]", escape(c.found), escape(c.fix))
+    console.print(table)
+
+
+def report(cfg: Config, facts: HostFacts, *, as_json: bool = False) -> int:
+    """Run, print (table or JSON on stdout) and return the exit status: 1 when a check fails."""
+    checks = run_checks(cfg, facts)
+    failed = any(c.status == FAIL for c in checks)
+    if as_json:
+        doc = {"ok": not failed, "verdict": verdict(checks), "checks": [asdict(c) for c in checks]}
+        print(json.dumps({**doc, "facts": facts.to_json()}, indent=2))
+    else:
+        from rocmforge.console import console
+
+        render(checks)
+        console.print(verdict(checks), style="bold red" if failed else "green", markup=False)
+    return 1 if failed else 0
+
+
+def toolchain_session(session, cfg: Config) -> None:
+    """``nox -s toolchain``: gather facts, print the table, fail the session on any failed check."""
+    from rocmforge import host
+
+    facts = host.gather(build_dir=cfg.build.work_dir)
+    checks = run_checks(cfg, facts)
+    render(checks)
+    if any(c.status == FAIL for c in checks):
+        session.error(verdict(checks))
+    session.log(verdict(checks))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``python -m rocmforge doctor``."""
+    parser.add_argument("--json", action="store_true", help="print checks and host facts as JSON (for CI)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Check this host; exit 1 when any check fails."""
+    from rocmforge import host
+    from rocmforge.config import load_config
+
+    cfg = load_config()
+    return report(cfg, host.gather(build_dir=cfg.build.work_dir), as_json=args.json)
