@@ -63,7 +63,7 @@ class RocmInstall:
     root: str
     version: str | None
     kind: str
-    origin: str  # how it was found: "ROCM_PATH", "/opt/rocm", "/usr (distro packages)", ...
+    origin: str  # how it was found: "ROCM_PATH", "/opt/rocm", "distro packages", ...
     hipcc: str | None
     lib_dir: str | None
     libraries: dict[str, str | None] = field(default_factory=dict)  # name -> .so path
@@ -443,7 +443,7 @@ def find_rocm_installs(root: Path | str = "/", environ: Mapping[str, str] | None
             candidates.append((sdk[0], "pip", f"pip rocm_sdk in {site}", sdk[1]))
     usr = root / "usr"
     if (usr / "bin/hipcc").exists() or glob.glob(str(usr / "lib/*-linux-gnu/libamdhip64.so*")):
-        candidates.append((usr, "distro", "/usr (distro packages)", None))
+        candidates.append((usr, "distro", "distro packages", None))
     installs: dict[str, RocmInstall] = {}
     for path, kind, origin, version in candidates:
         real = os.path.realpath(path)
