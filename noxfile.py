@@ -43,6 +43,34 @@ def toolchain(session: nox.Session) -> None:
     doctor.toolchain_session(session, CONFIG)
 
 
+def _package_session(name: str):
+    def package_session(session: nox.Session) -> None:
+        from rocmforge import build
+
+        _announce(session)
+        build.run_session(session, CONFIG, name)
+
+    pkg = CONFIG.packages[name]
+    what = (
+        f"Take {pkg.prebuilt.requirement} prebuilt" if pkg.prebuilt else f"Build {name} {pkg.version or ''}"
+    )
+    package_session.__doc__ = f"{what.strip()} into the wheelhouse ({pkg.recipe} recipe)."
+    return package_session
+
+
+# One session per configured package; `requires` runs its dependencies first.
+for _name, _pkg in CONFIG.packages.items():
+    nox.session(name=_name, venv_backend="none", requires=list(_pkg.depends))(_package_session(_name))
+
+
+@nox.session(venv_backend="none")
+def index(session: nox.Session) -> None:
+    """Regenerate the wheelhouse's simple index and constraints.txt; print the install commands."""
+    from rocmforge import build
+
+    build.index_session(session, CONFIG)
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Measure the wheelhouse on this GPU against its peak (-- --quick; A/B: -- --b-python PATH)."""

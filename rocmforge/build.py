@@ -1,0 +1,531 @@
+"""Build one configured package into the wheelhouse: the body of every package session.
+
+For a package ``NAME`` (``nox -s NAME``), in order:
+
+1. the toolchain checks that concern it (:func:`rocmforge.doctor.require_ok`);
+2. its source, pinned and patched (:func:`rocmforge.sources.prepare`);
+3. a fingerprint of everything that shapes the wheel (source, patches, environment, arch list,
+   compilers, ROCm, Python, build requirements, the dependencies' wheels). Unchanged, with the
+   wheel still in the wheelhouse: "up to date", done. Changed: the stale build directories are
+   removed first, and the log says which inputs changed;
+4. an isolated build venv (uv) under ``<work_dir>/NAME/venv`` with the recipe's build
+   requirements and the dependencies' wheels from the wheelhouse;
+5. the recipe's steps and the build, with live progress and a full log under ``logs_dir``;
+   on failure the lines that matter, the log path, the diagnosis when one is known, and one
+   retry when the diagnosis has a retry plan;
+6. wheel fixups (dropped ``Requires-Dist``, local version label, provenance) and publication to
+   the wheelhouse. Only a successful build publishes, so a failure leaves no wheel behind.
+
+A ``[prebuilt]`` package skips 2-5: its wheel is downloaded instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocmforge import __version__, buildlog, provenance, recipes
+from rocmforge.config import Config, Package
+from rocmforge.console import console
+from rocmforge.errors import UserError
+from rocmforge.fsutil import atomic_write, file_lock
+from rocmforge.wheelfile import drop_requirements, read_metadata, rewrite_wheel, wheel_name, with_local_label
+from rocmforge.wheelhouse import Wheelhouse, file_sha256
+
+# Variables of the caller's environment that change what a compiler produces.
+SHAPING_VARIABLES = (
+    "CFLAGS",
+    "CXXFLAGS",
+    "CPPFLAGS",
+    "LDFLAGS",
+    "CC",
+    "CXX",
+    "HIPFLAGS",
+    "HIPCC_COMPILE_FLAGS_APPEND",
+)
+STATE_FILE = "state.json"  # <work_dir>/<pkg>/state.json: what the published wheel was built from
+
+_facts_cache: list = []
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a package session did."""
+
+    package: str
+    status: str  # "built", "up to date", "downloaded"
+    wheel: Path
+    seconds: float
+
+    def summary(self) -> str:
+        return f"{self.package}: {self.status} ({self.wheel.name}, {self.seconds:.1f}s)"
+
+
+def run_session(session, cfg: Config, name: str) -> Result:
+    """nox entry point of the ``NAME`` session: build ``name``; a user error fails the session."""
+    try:
+        result = build_package(cfg, name)
+    except UserError as exc:
+        session.error(str(exc))
+    session.log(result.summary())
+    return result
+
+
+def host_facts():
+    """Host facts, gathered once per process (every session of one ``nox`` run shares them)."""
+    if not _facts_cache:
+        from rocmforge import host
+
+        _facts_cache.append(host.gather())
+    return _facts_cache[0]
+
+
+def build_package(cfg: Config, name: str, *, facts=None) -> Result:
+    """Bring ``name``'s wheel in the wheelhouse up to date with the config; see the module doc."""
+    from rocmforge import doctor
+
+    start = time.monotonic()
+    pkg = cfg.package(name)
+    facts = host_facts() if facts is None else facts
+    doctor.require_ok(cfg, facts, [name])
+    work = cfg.build.work_dir / name
+    house = Wheelhouse(cfg.build.wheelhouse)
+    with file_lock(work / ".lock", what=f"building {name}", on_wait=_say_waiting(name)):
+        if pkg.prebuilt is not None:
+            return _prebuilt(cfg, pkg, house, work, start)
+        return _build(cfg, pkg, house, work, facts, start)
+
+
+def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, start: float) -> Result:
+    from rocmforge import buildenv, sources
+
+    name = pkg.name
+    checkout = sources.prepare(cfg, name)
+    recipe = recipes.get(pkg.recipe)
+    deps = dependency_wheels(cfg, name)
+    venv = work / "venv"
+    python = venv / "bin" / "python"
+    dist = work / "dist"
+    ctx = recipes.Context(cfg, pkg, checkout, python, dist, deps)
+    project_dir = recipe.project_dir(checkout)
+
+    # The fingerprint takes what rocmforge decides plus the caller's variables that shape
+    # compiled code; the rest of the caller's environment (PATH of this shell, ...) must not
+    # force a rebuild. The build itself runs in the caller's whole environment.
+    shaping = {k: os.environ[k] for k in SHAPING_VARIABLES if k in os.environ}
+    own_env = {
+        **shaping,
+        **buildenv.build_environment(cfg, name, facts, base_env=shaping),
+        **recipe.environment(ctx),
+        **pkg.env,
+    }
+    requirements = _without(recipe.build_requirements(ctx), deps.values())
+    inputs = {
+        "rocmforge": __version__,
+        "recipe": recipe.name,
+        "source": checkout.fingerprint(),
+        "patches": [list(p) for p in checkout.patches],
+        "package": {
+            "version": pkg.version,
+            "local_version": pkg.local_version,
+            "options": dict(pkg.options),
+        },
+        "backend": cfg.build.backend,
+        "arch": list(cfg.build.arch),
+        "compilers": dict(facts.compilers),
+        "rocm": rocm_version(facts),
+        "python": _python_version(cfg),
+        "requirements": requirements,
+        "dependencies": {dep: _sha256_of(house, wheel) for dep, wheel in deps.items()},
+        "env": own_env,
+    }
+    fingerprint = _digest(inputs)
+    state = _read_state(work)
+    current = _published(house, state)
+    if state and state.get("fingerprint") == fingerprint and current:
+        return Result(name, "up to date", current, time.monotonic() - start)
+    if state:
+        console.print(f"{name}: rebuilding, changed: {', '.join(_changed(state.get('inputs', {}), inputs))}")
+    for stale in [dist, work / "out", *recipe.stale_paths(ctx)]:
+        _remove(stale)
+    (work / STATE_FILE).unlink(missing_ok=True)
+
+    log = buildlog.log_path(cfg.build.logs_dir, name)
+    console.print(f"{name}: building from {checkout.path} (log: {log})")
+    _make_venv(cfg, venv, requirements, list(deps.values()), house, log, label=f"{name}: build venv")
+    env = {
+        **os.environ,
+        **buildenv.build_environment(cfg, name, facts, base_env=dict(os.environ)),
+        **recipe.environment(ctx),
+        **pkg.env,
+    }
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    retries: list[str] = []
+    while True:
+        ok = _run_steps(name, recipe, ctx, project_dir, env, log)
+        if ok:
+            break
+        plan = None if retries else _retry_plan(cfg, log, env)
+        if plan is None:
+            _withdraw_stale(house, name, current)
+            raise UserError(f"{name}: build failed; full log: {log}")
+        env, note = plan
+        retries.append(note)
+        console.print(f"{name}: retrying once: {note}")
+        for stale in [dist, *recipe.stale_paths(ctx)]:
+            _remove(stale)
+
+    built = _single_wheel(dist, name, log)
+    record = {
+        "package": name,
+        "version": wheel_name(built).version,
+        "source": {
+            "kind": checkout.kind,
+            "url": checkout.url,
+            "commit": checkout.commit,
+            "sha256": checkout.sha256,
+            "version": checkout.version,
+            "submodules": dict(checkout.submodules),
+        },
+        "patches": [{"file": f, "sha256": s} for f, s in checkout.patches],
+        "retries": retries,
+        "dependencies": inputs["dependencies"],
+        **_common_record(cfg, facts, own_env, fingerprint),
+    }
+    wheel = _fixup(ctx, recipe, built, work / "out", record)
+    entry = house.publish(wheel)
+    _write_state(work, fingerprint, inputs, entry)
+    _remove(work / "out")
+    return Result(name, "built", entry.path, time.monotonic() - start)
+
+
+def _run_steps(name: str, recipe, ctx, project_dir: Path, env: dict[str, str], log: Path) -> bool:
+    """The recipe's preparation commands and the build; False after the first failure."""
+    steps = [*recipe.prepare_commands(ctx), recipe.build_command(ctx)]
+    for i, argv in enumerate(steps, 1):
+        label = f"{name}: build" if i == len(steps) else f"{name}: {Path(argv[1]).name}"
+        result = buildlog.run_step(label, argv, cwd=project_dir, env=env, log=log)
+        if not result.ok:
+            _report_failure(name, result)
+            return False
+        console.print(f"{label} done in {result.seconds:.0f}s")
+    return True
+
+
+def _report_failure(name: str, result: buildlog.StepResult) -> None:
+    console.print(f"[red]{name}: failed (exit {result.returncode}) after {result.seconds:.0f}s[/red]")
+    for line in buildlog.lines_that_matter(result.tail):
+        console.print(f"  {line}", markup=False)
+    diagnosis = _diagnose(result.log)
+    if diagnosis is not None:
+        console.print(f"{name}: likely cause ({diagnosis.category}): {diagnosis.hint}", markup=False)
+    console.print(f"{name}: full log: {result.log}")
+
+
+def _diagnose(log: Path):
+    """The diagnosis of a failed build's log, when ``rocmforge.diagnose`` knows the failure."""
+    try:
+        diagnose = importlib.import_module("rocmforge.diagnose")
+    except ImportError:
+        return None
+    return diagnose.diagnose_text(log.read_text(errors="replace"))
+
+
+def _retry_plan(cfg: Config, log: Path, env: dict[str, str]):
+    """``(new_env, note)`` when the diagnosis says a changed environment can fix the failure."""
+    diagnosis = _diagnose(log)
+    if diagnosis is None:
+        return None
+    diagnose = importlib.import_module("rocmforge.diagnose")
+    retry_plan = getattr(diagnose, "retry_plan", None)
+    return retry_plan(diagnosis, dict(env), cfg) if retry_plan else None
+
+
+def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: float) -> Result:
+    """Download ``[prebuilt]``'s wheel into the wheelhouse instead of building."""
+    pre = pkg.prebuilt
+    inputs = {
+        "rocmforge": __version__,
+        "requirement": pre.requirement,
+        "index": pre.index,
+        "python": _python_version(cfg),
+        "dropped": sorted(recipes.get(pkg.recipe).dropped_requirements(_prebuilt_context(cfg, pkg))),
+    }
+    fingerprint = _digest(inputs)
+    state = _read_state(work)
+    current = _published(house, state)
+    if state and state.get("fingerprint") == fingerprint and current:
+        return Result(pkg.name, "up to date", current, time.monotonic() - start)
+    log = buildlog.log_path(cfg.build.logs_dir, pkg.name)
+    download = work / "download"
+    _remove(download)
+    argv = [
+        _python(cfg),
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+        str(download),
+        *_index_args(pre.index),
+        pre.requirement,
+    ]
+    result = buildlog.run_step(f"{pkg.name}: download", argv, cwd=cfg.root, env=dict(os.environ), log=log)
+    if not result.ok:
+        _report_failure(pkg.name, result)
+        raise UserError(f"{pkg.name}: could not download {pre.requirement!r}; full log: {log}")
+    original = _single_wheel(download, pkg.name, log)
+    record = {
+        "package": pkg.name,
+        "version": wheel_name(original).version,
+        "source": {
+            "kind": "prebuilt",
+            "requirement": pre.requirement,
+            "index": pre.index,
+            "filename": original.name,
+            "sha256": file_sha256(original),
+        },
+        **_common_record(cfg, None, {}, fingerprint),
+    }
+    ctx = _prebuilt_context(cfg, pkg)
+    wheel = _fixup(ctx, recipes.get(pkg.recipe), original, work / "out", record)
+    entry = house.publish(wheel)
+    _write_state(work, fingerprint, inputs, entry)
+    _remove(work / "out")
+    _remove(download)
+    return Result(pkg.name, "downloaded", entry.path, time.monotonic() - start)
+
+
+def _prebuilt_context(cfg: Config, pkg: Package) -> recipes.Context:
+    return recipes.Context(cfg, pkg, None, Path(_python(cfg)), Path(), {})
+
+
+def _index_args(index: str | None) -> list[str]:
+    """pip arguments for a ``[prebuilt].index``: a URL is an index, a directory is find-links."""
+    if index is None:
+        return []
+    if "://" in index and not index.startswith("file://"):
+        return ["--index-url", index]
+    path = Path(index.removeprefix("file://"))
+    if (path / "index.html").is_file() or path.name == "simple":
+        return ["--index-url", path.as_uri()]
+    return ["--no-index", "--find-links", str(path)]
+
+
+def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -> Path:
+    """The published form of ``wheel``: requirements dropped, label added, provenance inside."""
+    dropped_projects = recipe.dropped_requirements(ctx)
+    version = wheel_name(wheel).version
+    label = ctx.package.local_version
+    if label and not recipe.native_local_version(ctx):
+        version = with_local_label(version, label)
+    record = {
+        **record,
+        "version": version,
+        "dropped_requirements": drop_requirements(read_metadata(wheel), dropped_projects),
+    }
+    return rewrite_wheel(
+        wheel,
+        out,
+        edit_metadata=lambda metadata: drop_requirements(metadata, dropped_projects),
+        add_files={provenance.FILENAME: (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()},
+        version=version if version != wheel_name(wheel).version else None,
+    )
+
+
+def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str) -> dict:
+    return {
+        "backend": cfg.build.backend,
+        "arch": list(cfg.build.arch),
+        "rocm_version": rocm_version(facts) if facts is not None else None,
+        "compilers": dict(facts.compilers) if facts is not None else {},
+        "opt_level": cfg.build.opt_level,
+        "env": dict(env),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "python": _python_version(cfg),
+        "fingerprint": fingerprint,
+        "rocmforge": __version__,
+    }
+
+
+def dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:
+    """Each (transitive) dependency of ``name`` -> its wheel in the wheelhouse."""
+    house = Wheelhouse(cfg.build.wheelhouse)
+    result = {}
+    for dep in cfg.build_order(list(cfg.package(name).depends)):
+        wheel = _published(house, _read_state(cfg.build.work_dir / dep))
+        if wheel is None:
+            raise UserError(f"{name} needs {dep}'s wheel, which is not in the wheelhouse; run `nox -s {dep}`")
+        result[dep] = wheel
+    return result
+
+
+def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], house, log, *, label) -> None:
+    """The build venv: reused while its Python, requirements and wheels are unchanged."""
+    key = _digest({"python": _python(cfg), "requirements": requirements, "wheels": [w.name for w in wheels]})
+    stamp = venv / ".rocmforge-venv"
+    if stamp.is_file() and stamp.read_text() == key:
+        return
+    _remove(venv)
+    uv = _uv()
+    steps = [[uv, "venv", "--quiet", "--python", _python(cfg), str(venv)]]
+    install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
+    if wheels:
+        # Our index first: for any project it has, uv takes no version from PyPI.
+        install += ["--index", (house.simple).resolve().as_uri(), *map(str, wheels)]
+    steps.append([*install, *requirements])
+    for argv in steps:
+        result = buildlog.run_step(label, argv, cwd=venv.parent, env=dict(os.environ), log=log)
+        if not result.ok:
+            _report_failure(label, result)
+            raise UserError(f"{label}: could not install the build requirements; full log: {log}")
+    stamp.write_text(key)
+
+
+def _without(requirements: list[str], wheels) -> list[str]:
+    """``requirements`` minus those naming a project we install from our own wheels."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    ours = {wheel_name(w).project for w in wheels}
+    return [r for r in requirements if canonicalize_name(Requirement(r).name) not in ours]
+
+
+def _uv() -> str:
+    found = shutil.which("uv")
+    if found:
+        return found
+    from uv import find_uv_bin
+
+    return find_uv_bin()
+
+
+def _python(cfg: Config) -> str:
+    """The interpreter the wheels are built for: ``build.python`` or the one running rocmforge."""
+    return cfg.build.python or sys.executable
+
+
+def _python_version(cfg: Config) -> str:
+    if cfg.build.python is None:
+        return platform.python_version()
+    out = subprocess.run(
+        [_python(cfg), "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise UserError(f"build.python: {cfg.build.python!r} does not run; give a python executable path")
+    return out.stdout.strip()
+
+
+def rocm_version(facts) -> str | None:
+    """The version of the ROCm the build uses (the first install found), if any."""
+    installs = getattr(facts, "rocm_installs", ())
+    return installs[0].version if installs else None
+
+
+def _single_wheel(directory: Path, name: str, log: Path) -> Path:
+    wheels = sorted(directory.glob("*.whl"))
+    if len(wheels) != 1:
+        raise UserError(f"{name}: expected one wheel in {directory}, found {len(wheels)}; full log: {log}")
+    return wheels[0]
+
+
+def _published(house: Wheelhouse, state: dict | None) -> Path | None:
+    """The wheel ``state`` records, if it is still in the wheelhouse unchanged."""
+    if not state:
+        return None
+    path = house.root / state.get("wheel", "")
+    if not path.is_file() or path.stat().st_size != state.get("size"):
+        return None
+    return path
+
+
+def _withdraw_stale(house: Wheelhouse, name: str, current: Path | None) -> None:
+    """After a failed rebuild: the old wheel no longer matches the config, so it goes."""
+    if current is not None:
+        house.withdraw(wheel_name(current).project)
+        console.print(f"{name}: removed {current.name} from the wheelhouse (built from other inputs)")
+
+
+def _read_state(work: Path) -> dict | None:
+    try:
+        return json.loads((work / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_state(work: Path, fingerprint: str, inputs: dict, entry) -> None:
+    state = {
+        "fingerprint": fingerprint,
+        "inputs": inputs,
+        "wheel": entry.path.name,
+        "size": entry.path.stat().st_size,
+        "sha256": entry.sha256,
+    }
+    atomic_write(work / STATE_FILE, json.dumps(state, indent=2, sort_keys=True))
+
+
+def _sha256_of(house: Wheelhouse, wheel: Path) -> str:
+    return next(e.sha256 for e in house.entries() if e.path == wheel)
+
+
+def _changed(old: Mapping, new: Mapping) -> list[str]:
+    """Names of the inputs that differ, e.g. ``["arch", "env.CXXFLAGS"]``."""
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict) and key in ("env", "package", "compilers"):
+            changed += [f"{key}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        else:
+            changed.append(key)
+    return changed or ["wheel missing from the wheelhouse"]
+
+
+def _digest(data: object) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _say_waiting(name: str):
+    def say(holder: str) -> None:
+        console.print(f"{name}: another build holds the lock ({holder}); waiting")
+
+    return say
+
+
+def index_session(session, cfg: Config) -> None:
+    """nox entry point of the ``index`` session: regenerate the index, print install commands."""
+    from rocmforge.wheelhouse import install_commands
+
+    house = Wheelhouse(cfg.build.wheelhouse)
+    entries = house.reindex()
+    if not entries:
+        first = next(iter(cfg.packages))
+        session.error(f"{house.root}: no wheels yet; build some first, e.g. `nox -s {first}`")
+    for e in entries:
+        session.log(f"{e.project} {e.version}  {e.path.name}")
+    session.log(f"index: {house.simple}  constraints: {house.constraints}")
+    for command in install_commands(house.root, [e.project for e in entries]):
+        session.log(command)

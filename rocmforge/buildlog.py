@@ -1,0 +1,117 @@
+"""Run one long build step: full output to a log file, live progress on the terminal.
+
+Progress is ninja's ``[N/M]`` counter when the output has one, otherwise the elapsed time and
+the last line. On a terminal it is one live line (rich); elsewhere (CI logs) a status line is
+printed every ``quiet_interval`` seconds so a long build does not look hung.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from rocmforge.console import console
+
+_NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
+# Lines worth showing when a build fails: compiler and linker errors, CMake errors, Python's
+# exception line, ninja's FAILED marker, the OOM killer.
+_MATTERS = re.compile(
+    r"(\berror\b|\bError\b|FAILED:|CMake Error|Traceback|Killed signal|fatal:|undefined reference|"
+    r"No such file or directory|ModuleNotFoundError|^\w+Error:)"
+)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How a step ended: exit code, seconds, the log file and the output's last lines."""
+
+    returncode: int
+    seconds: float
+    log: Path
+    tail: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def run_step(
+    label: str,
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    log: Path,
+    quiet_interval: float = 60.0,
+) -> StepResult:
+    """Run ``argv`` in ``cwd`` with exactly ``env``; append its output to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tail: deque[str] = deque(maxlen=400)
+    start = time.monotonic()
+    with open(log, "a", encoding="utf-8", errors="replace") as fh:
+        fh.write(f"\n$ cd {cwd}\n$ {' '.join(argv)}\n")
+        fh.flush()
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+        assert proc.stdout is not None
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[line]}", style="dim"),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(label, total=None, line="")
+            last_note = start
+            for raw in proc.stdout:
+                fh.write(raw)
+                line = raw.rstrip()
+                tail.append(line)
+                m = _NINJA.match(line)
+                if m:
+                    progress.update(task, completed=int(m.group(1)), total=int(m.group(2)))
+                progress.update(task, line=line[-80:])
+                now = time.monotonic()
+                if not console.is_terminal and now - last_note >= quiet_interval:
+                    last_note = now
+                    console.print(f"{label}: {now - start:.0f}s {line[-100:]}")
+            proc.wait()
+        fh.write(f"# exit {proc.returncode} after {time.monotonic() - start:.1f}s\n")
+    return StepResult(proc.returncode, time.monotonic() - start, log, tuple(tail))
+
+
+def lines_that_matter(tail: tuple[str, ...] | list[str], limit: int = 15) -> list[str]:
+    """The error lines of a failed step (the last ``limit``), or its last lines if none match."""
+    hits = [line for line in tail if _MATTERS.search(line)]
+    return (hits or list(tail))[-limit:]
+
+
+def log_path(logs_dir: Path, package: str) -> Path:
+    """A new log file for one build of ``package``; ``<package>.log`` links to the latest."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = logs_dir / f"{package}-{stamp}-{os.getpid()}.log"
+    latest = logs_dir / f"{package}.log"
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    tmp = logs_dir / f".{package}.log.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(path.name)
+    os.replace(tmp, latest)
+    return path

@@ -1,0 +1,85 @@
+"""PyTorch: hipify for ROCm, its requirements files, versioned with a local label.
+
+Options (``[packages.pytorch.options]``):
+- ``build_number`` (int, default 1): ``PYTORCH_BUILD_NUMBER``; above 1 PyTorch appends ``.postN``.
+- ``flash_attention`` (bool): force flash/mem-efficient attention on or off instead of
+  deciding from the arch list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rocmforge.recipes import Context, read_requirements
+from rocmforge.recipes.generic import Generic
+
+# GPU targets AOTriton (the kernels behind flash and memory-efficient attention on ROCm) ships
+# images for. One arch outside the set and the AOTriton step of the build fails, so both
+# attentions stay off unless every configured arch is in it.
+AOTRITON_ARCHS = frozenset({"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201"})
+
+# The Triton distributions torch's wheel may depend on; with our own Triton built they must go,
+# or installing torch drags a second Triton in from PyPI.
+TRITON_PROJECTS = {"triton", "pytorch-triton-rocm", "pytorch-triton"}
+
+
+class PyTorch(Generic):
+    name = "pytorch"
+
+    def build_requirements(self, ctx: Context) -> list[str]:
+        root = self.project_dir(ctx.checkout)
+        # requirements-build.txt is the build-only subset in newer trees; requirements.txt
+        # (which includes it) in older ones.
+        for name in ("requirements-build.txt", "requirements.txt"):
+            if (root / name).is_file():
+                return ["build", "wheel", *read_requirements(root / name)]
+        return super().build_requirements(ctx)
+
+    def environment(self, ctx: Context) -> dict[str, str]:
+        backend = ctx.cfg.build.backend
+        env = {
+            "USE_ROCM": "1" if backend == "rocm" else "0",
+            "USE_CUDA": "1" if backend == "cuda" else "0",
+            "PYTORCH_BUILD_NUMBER": str(ctx.option("build_number", 1)),
+        }
+        version = ctx.package.version or getattr(ctx.checkout, "version", None)
+        if version:
+            label = ctx.package.local_version
+            env["PYTORCH_BUILD_VERSION"] = f"{version}+{label}" if label else version
+        if backend == "rocm":
+            wanted = ctx.option("flash_attention", None)
+            if wanted is None:
+                wanted = all(a.split(":")[0] in AOTRITON_ARCHS for a in ctx.cfg.build.arch)
+            flag = "1" if wanted else "0"
+            env["USE_FLASH_ATTENTION"] = env["USE_MEM_EFF_ATTENTION"] = flag
+        return env
+
+    def prepare_commands(self, ctx: Context) -> list[list[str]]:
+        if ctx.cfg.build.backend != "rocm":
+            return []
+        # HIPIFY rewrites the CUDA sources into HIP in place; it is idempotent, so a rebuild
+        # of an already-hipified tree is fine.
+        return [[str(ctx.python), "tools/amd_build/build_amd.py"]]
+
+    def build_command(self, ctx: Context) -> list[str]:
+        root = self.project_dir(ctx.checkout)
+        if _has_build_backend(root):
+            return super().build_command(ctx)
+        # Older pins have no PEP 517 backend declared: setup.py is the build.
+        return [str(ctx.python), "setup.py", "bdist_wheel", "--dist-dir", str(ctx.dist_dir)]
+
+    def dropped_requirements(self, ctx: Context) -> set[str]:
+        return set(TRITON_PROJECTS) if ctx.builds_own("triton") else set()
+
+    def native_local_version(self, ctx: Context) -> bool:
+        return True  # PYTORCH_BUILD_VERSION carries it
+
+
+def _has_build_backend(root: Path) -> bool:
+    from rocmforge.recipes import tomllib
+
+    path = root / "pyproject.toml"
+    return path.is_file() and "build-backend" in tomllib.loads(path.read_text()).get("build-system", {})
+
+
+RECIPE = PyTorch()

@@ -1,0 +1,161 @@
+"""Wheel files: parse names, read metadata, and rewrite a wheel with its RECORD kept honest.
+
+A rewrite is the one way rocmforge changes a built wheel: metadata edits (dropping a
+``Requires-Dist``), extra ``.dist-info`` files (provenance) and a local version label. Every
+member's hash and size in ``RECORD`` is recomputed, so pip and uv install the result without
+complaint.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import re
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.message import Message
+from email.parser import Parser
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+
+@dataclass(frozen=True)
+class WheelName:
+    """The parts of a wheel file name that matter to an index."""
+
+    project: str  # canonical name, e.g. "pytorch-triton-rocm"
+    version: str  # as written in the file name, local label included
+    filename: str
+
+
+def wheel_name(path: str | os.PathLike[str]) -> WheelName:
+    """Parse ``path``'s file name (``name-version(-build)?-py-abi-plat.whl``)."""
+    filename = Path(path).name
+    name, version, _build, _tags = parse_wheel_filename(filename)
+    return WheelName(project=str(name), version=str(version), filename=filename)
+
+
+def dist_info_dir(zf: zipfile.ZipFile) -> str:
+    """The ``.dist-info`` directory name inside an open wheel."""
+    for member in zf.namelist():
+        top = member.split("/", 1)[0]
+        if top.endswith(".dist-info") and member.endswith("/METADATA") and member.count("/") == 1:
+            return top
+    raise ValueError(f"{zf.filename}: no .dist-info/METADATA in wheel")
+
+
+def read_metadata(path: str | os.PathLike[str]) -> Message:
+    """The wheel's METADATA as an email message (``msg.get_all('Requires-Dist')``)."""
+    with zipfile.ZipFile(path) as zf:
+        text = zf.read(f"{dist_info_dir(zf)}/METADATA").decode()
+    return Parser().parsestr(text)
+
+
+def read_member(path: str | os.PathLike[str], name: str) -> bytes | None:
+    """Bytes of ``<dist-info>/name`` inside the wheel, or None when absent."""
+    with zipfile.ZipFile(path) as zf:
+        try:
+            return zf.read(f"{dist_info_dir(zf)}/{name}")
+        except KeyError:
+            return None
+
+
+def drop_requirements(metadata: Message, projects: set[str]) -> list[str]:
+    """Remove ``Requires-Dist`` lines naming any of ``projects``; return the removed lines."""
+    from packaging.requirements import Requirement
+
+    wanted = {canonicalize_name(p) for p in projects}
+    kept, dropped = [], []
+    for line in metadata.get_all("Requires-Dist") or []:
+        (dropped if canonicalize_name(Requirement(line).name) in wanted else kept).append(line)
+    del metadata["Requires-Dist"]
+    for line in kept:
+        metadata["Requires-Dist"] = line
+    return dropped
+
+
+def with_local_label(version: str, label: str) -> str:
+    """``version`` with the local label ``label`` (``2.13.0`` + ``rocm7.2`` -> ``2.13.0+rocm7.2``)."""
+    public, _, local = version.partition("+")
+    if local == label or local.endswith(f".{label}"):
+        return version
+    return f"{public}+{local}.{label}" if local else f"{public}+{label}"
+
+
+def rewrite_wheel(
+    src: str | os.PathLike[str],
+    dest_dir: str | os.PathLike[str],
+    *,
+    edit_metadata: Callable[[Message], object] | None = None,
+    add_files: dict[str, bytes] | None = None,
+    version: str | None = None,
+) -> Path:
+    """Write a changed copy of wheel ``src`` into ``dest_dir`` and return its path.
+
+    ``edit_metadata`` changes METADATA in place; ``add_files`` maps names inside ``.dist-info``
+    to contents; ``version`` renames the wheel, its ``.dist-info`` directory and the METADATA
+    ``Version``. RECORD is regenerated from the final members. Members are streamed, so a
+    multi-gigabyte wheel does not have to fit in memory.
+    """
+    src, dest_dir = Path(src), Path(dest_dir)
+    name = wheel_name(src)
+    new_version = version or name.version
+    old_ver, new_ver = _escape_version(name.version), _escape_version(new_version)
+    target = dest_dir / name.filename.replace(f"-{old_ver}-", f"-{new_ver}-", 1)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=dest_dir)
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(src) as zf, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+            old_info = dist_info_dir(zf)
+            new_info = f"{old_info[: -len('.dist-info')].rsplit('-', 1)[0]}-{new_ver}.dist-info"
+            metadata = Parser().parsestr(zf.read(f"{old_info}/METADATA").decode())
+            if edit_metadata:
+                edit_metadata(metadata)
+            if version:
+                metadata.replace_header("Version", new_version)
+            extra = {f"{new_info}/{k}": v for k, v in (add_files or {}).items()}
+            extra[f"{new_info}/METADATA"] = metadata.as_string().encode()
+            rows = []
+            for info in zf.infolist():
+                arcname = info.filename
+                if arcname.startswith(f"{old_info}/"):
+                    arcname = new_info + arcname[len(old_info) :]
+                if info.is_dir() or arcname == f"{new_info}/RECORD" or arcname in extra:
+                    continue
+                # Keep each member's ZipInfo (permissions of executables and .so files).
+                info.filename = arcname
+                digest, size = hashlib.sha256(), 0
+                with zf.open(info.orig_filename) as fin, dst.open(info, "w") as fout:
+                    for chunk in iter(lambda: fin.read(1 << 20), b""):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        fout.write(chunk)
+                rows.append(_record_row(arcname, digest, size))
+            for arcname, data in extra.items():
+                dst.writestr(arcname, data)
+                rows.append(_record_row(arcname, hashlib.sha256(data), len(data)))
+            buf = io.StringIO()
+            csv.writer(buf, lineterminator="\n").writerows([*rows, (f"{new_info}/RECORD", "", "")])
+            dst.writestr(f"{new_info}/RECORD", buf.getvalue())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _record_row(arcname: str, digest, size: int) -> tuple[str, str, str]:
+    b64 = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    return (arcname, f"sha256={b64}", str(size))
+
+
+def _escape_version(version: str) -> str:
+    # Wheel file names and .dist-info directories use '_' for any '-' in the version.
+    return re.sub(r"[^\w\d.+]+", "_", version)
