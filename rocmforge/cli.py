@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("rocmforge.buildenv", "print the build environment of a package"),
     "inspect": ("rocmforge.inspect", "list the GPU code objects inside .so files and wheels"),
     "diagnose": ("rocmforge.diagnose", "find the cause of a failed build or run in its log"),
+    "provenance": ("rocmforge.provenance", "print what a wheel (or installed package) was built from"),
     "cache": ("rocmforge.compile_cache", "show or zero the compile cache's statistics"),
     "publish": ("rocmforge.publish", "publish a nightly's wheelhouses as one index per arch set"),
     "bench": ("rocmforge.bench", "measure GEMM, bandwidth, Triton and vLLM on this GPU against its peak"),
