@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shlex
 import stat
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def tool(bindir: Path, name: str, banner: str, dumpversion: str | None = None) -
         if dumpversion
         else ""
     )
-    script = f"#!/bin/sh\n{dump}cat <<'EOF'\n{banner}\nEOF\n"
+    # printf is a shell builtin: the scripts work with a PATH that holds only fake tools.
+    script = f"#!/bin/sh\n{dump}printf '%s\\n' {shlex.quote(banner)}\n"
     return write(bindir / name, script, stat.S_IRWXU)
 
 
