@@ -70,32 +70,43 @@ def run_step(
             bufsize=1,
         )
         assert proc.stdout is not None
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TaskProgressColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[line]}", style="dim"),
-            console=console,
-            transient=True,
-        ) as progress:
-            task = progress.add_task(label, total=None, line="")
-            last_note = start
+        live = _live(label) if console.is_terminal else None
+        last_note = start
+        try:
             for raw in proc.stdout:
                 fh.write(raw)
                 line = raw.rstrip()
                 tail.append(line)
-                m = _NINJA.match(line)
-                if m:
-                    progress.update(task, completed=int(m.group(1)), total=int(m.group(2)))
-                progress.update(task, line=line[-80:])
                 now = time.monotonic()
-                if not console.is_terminal and now - last_note >= quiet_interval:
+                if live is not None:
+                    m = _NINJA.match(line)
+                    done, total = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+                    live.update(live.task_ids[0], completed=done, total=total, line=line[-80:])
+                elif now - last_note >= quiet_interval:
                     last_note = now
-                    console.print(f"{label}: {now - start:.0f}s {line[-100:]}")
+                    console.print(f"{label}: {now - start:.0f}s {line[-100:]}", markup=False)
             proc.wait()
+        finally:
+            if live is not None:
+                live.stop()
         fh.write(f"# exit {proc.returncode} after {time.monotonic() - start:.1f}s\n")
     return StepResult(proc.returncode, time.monotonic() - start, log, tuple(tail))
+
+
+def _live(label: str) -> Progress:
+    """A one-line live display: counter and bar when ninja reports one, elapsed time, last line."""
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[line]}", style="dim", markup=False),
+        console=console,
+        transient=True,
+    )
+    progress.add_task(label, total=None, line="")
+    progress.start()
+    return progress
 
 
 def lines_that_matter(tail: tuple[str, ...] | list[str], limit: int = 15) -> list[str]:

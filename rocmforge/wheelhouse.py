@@ -30,6 +30,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from packaging.utils import canonicalize_name
 
@@ -121,7 +122,9 @@ class Wheelhouse:
         for e in entries:
             by_project.setdefault(e.project, []).append(e)
         for project, items in by_project.items():
-            links = "\n".join(_link(f"../../{e.path.name}#sha256={e.sha256}", e.path.name) for e in items)
+            links = "\n".join(
+                _link(f"../../{quote(e.path.name)}#sha256={e.sha256}", e.path.name) for e in items
+            )
             atomic_write(self.simple / project / "index.html", _page(f"Links for {project}", links))
         root_links = "\n".join(_link(f"{p}/", p) for p in by_project)
         atomic_write(self.simple / "index.html", _page("Simple index", root_links))

@@ -7,8 +7,10 @@ ROCm build dies with ``CUDA_HOME is not set``; so the build requirements come fr
 Options (``[packages.vllm.options]``):
 - ``target_device``: ``VLLM_TARGET_DEVICE`` (``rocm``, ``cuda``, ``cpu``, ``empty``); default from
   ``build.backend``. ``empty`` builds the pure-Python package without kernels.
-- ``rust_frontend``: ``true`` makes the optional Rust frontend (``vllm-rs``) required; ``false``
-  skips it; unset leaves vLLM's default (built when cargo can, skipped otherwise).
+- ``rust_frontend``: ``true`` makes the Rust frontend (``vllm-rs``) required, so a missing Rust
+  toolchain fails the build. By default vLLM treats it as optional: built when the toolchain
+  named in its ``rust-toolchain.toml`` is installed (and crates.io is reachable), skipped with a
+  warning otherwise.
 """
 
 from __future__ import annotations
@@ -59,13 +61,8 @@ class VLLM(Generic):
         kernels = _triton_kernels_dir(ctx)
         if kernels:
             env["TRITON_KERNELS_SRC_DIR"] = str(kernels)
-        rust = ctx.option("rust_frontend", None)
-        if rust is True:
+        if ctx.option("rust_frontend", False):
             env["VLLM_REQUIRE_RUST_FRONTEND"] = "1"
-        elif rust is False:
-            # vLLM marks the Rust extension optional: a cargo that fails at once makes
-            # setuptools-rust skip it, instead of fetching crates we may not be able to reach.
-            env["CARGO"] = "false"
         return env
 
 
@@ -77,7 +74,7 @@ def _triton_kernels_dir(ctx: Context) -> Path | None:
     """The ``triton_kernels`` package inside our Triton checkout, for vLLM's CMake to use."""
     from rocmforge import sources
 
-    for dep in ctx.cfg.build_order(list(ctx.package.depends)):
+    for dep in ctx.dependencies:
         pkg = ctx.cfg.package(dep)
         if pkg.recipe == "triton" and pkg.source is not None:
             path = Path(sources.prepare(ctx.cfg, dep).path) / "python" / "triton_kernels" / "triton_kernels"
