@@ -79,6 +79,8 @@ _NO_DATA_TYPES = frozenset({2, 3, 4, 5, 6, 9, 11, 0x6FFFFFF6, 0x6FFFFFFE, 0x6FFF
 _NO_DATA_PREFIXES = (".eh_frame", ".gcc_except_table", ".debug_")
 _SHF_EXECINSTR = 0x4
 _SHT_NOBITS = 8
+_SHT_DYNAMIC = 6
+_DT_NEEDED, _DT_RPATH, _DT_RUNPATH = 1, 15, 29
 # Code object v4+: two bits per feature, 0 = unsupported, 1 = any, 2 = off, 3 = on.
 _V4_FEATURES = (("xnack", 8), ("sramecc", 10))
 
@@ -361,6 +363,7 @@ class _Section:
     offset: int
     size: int
     holds_data: bool  # False for code, symbols, relocations, unwind tables: no bundle inside
+    type: int
 
 
 def _elf_sections(buf, base: int, end: int) -> list[_Section]:
@@ -391,7 +394,7 @@ def _elf_sections(buf, base: int, end: int) -> list[_Section]:
             and not text.startswith(_NO_DATA_PREFIXES)
         )
         size = 0 if sh_type == _SHT_NOBITS else size
-        sections.append(_Section(text, base + offset, size, holds_data))
+        sections.append(_Section(text, base + offset, size, holds_data, sh_type))
     return sections
 
 
@@ -450,6 +453,36 @@ def inspect_elf(buf, base: int = 0, end: int | None = None) -> list[Bundle]:
         if s.name == ".nv_fatbin":
             bundles.extend(_fatbins(buf, s))
     return sorted(bundles, key=lambda b: b.offset)
+
+
+def elf_dependencies(path: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
+    """``DT_NEEDED`` sonames and ``DT_RUNPATH``/``DT_RPATH`` directories of an ELF file.
+
+    Empty lists for a file without a dynamic section (a static binary, a relocatable object).
+    """
+    with open(path, "rb") as fh:
+        if fh.read(4) != ELF_MAGIC:
+            return [], []
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    with buf:
+        sections = _elf_sections(buf, 0, len(buf))
+        dynamic = next((s for s in sections if s.type == _SHT_DYNAMIC), None)
+        strtab = next((s for s in sections if s.name == ".dynstr"), None)
+        if dynamic is None or strtab is None:
+            return [], []
+        needed, paths = [], []
+        for pos in range(dynamic.offset, dynamic.offset + dynamic.size - 15, 16):
+            tag, value = struct.unpack_from("<qQ", buf, pos)
+            if tag == 0:  # DT_NULL ends the table
+                break
+            if tag in (_DT_NEEDED, _DT_RPATH, _DT_RUNPATH):
+                start = strtab.offset + value
+                text = bytes(buf[start : buf.find(b"\0", start)]).decode("utf-8", "replace")
+                if tag == _DT_NEEDED:
+                    needed.append(text)
+                else:
+                    paths.extend(p for p in text.split(":") if p)
+        return needed, paths
 
 
 # -------------------------------------------------------------------------- containers

@@ -1,0 +1,612 @@
+"""``nox -s verify``: prove the wheelhouse runs on the target GPUs before anyone installs it.
+
+The failures that otherwise show up hours later on the GPU machine, each checked here:
+
+- ``hipErrorNoBinaryForGpu`` / ``invalid device function``: every shared object of every
+  wheel must hold code for every configured arch, per offload bundle (``rocmforge.inspect``);
+- ``libhipblas.so.2: cannot open shared object file``: every ``DT_NEEDED`` library must
+  resolve inside the environment, in a ROCm install or on the system, else we say which
+  package provides it;
+- crashes from version skew: torch with the Triton it pins, vLLM with the torch wheel it was
+  built against, exactly one Triton installed, ``pip check`` clean;
+- import smoke tests in subprocesses, so a SIGSEGV/SIGILL is reported with its likely cause;
+- on a GPU: device visible, its arch built, matmul against the CPU, a Triton kernel, a few
+  vLLM tokens from a dummy-weight model (``rocmforge/verify_probe.py`` runs inside the env).
+
+The nox session builds a fresh uv venv from the wheelhouse alone (PyPI only for projects the
+wheelhouse lacks). ``python -m rocmforge.verify --python PATH`` checks an existing
+environment instead; ``--gpu-only`` runs just the GPU part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from rocmforge import inspect
+from rocmforge.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = Path(__file__).with_name("verify_probe.py")
+TINY_MODEL = ROOT / "examples" / "tiny-model"
+TRITON_PROJECTS = frozenset({"triton", "pytorch-triton-rocm", "pytorch-triton", "triton-rocm"})
+SYSTEM_LIB_DIRS = (
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+)
+IMPORT_TIMEOUT = 600  # a first `import vllm` compiles nothing but can take a minute on a slow disk
+GPU_TIMEOUT = 900
+
+# soname pattern -> what provides it; the fix a user needs when the library is missing.
+PROVIDERS: tuple[tuple[str, str], ...] = (
+    (r"libamdhip64\.", "the HIP runtime: ROCm package hip-runtime-amd (or pip rocm[libraries])"),
+    (r"libhipblaslt\.", "ROCm package hipblaslt"),
+    (r"libhipblas\.", "ROCm package hipblas"),
+    (r"librocblas\.", "ROCm package rocblas"),
+    (r"libMIOpen\.", "ROCm package miopen-hip"),
+    (r"librccl\.", "ROCm package rccl"),
+    (r"libhipsparse(lt)?\.", "ROCm package hipsparse / hipsparselt"),
+    (r"libhipsolver\.|librocsolver\.", "ROCm packages hipsolver / rocsolver"),
+    (r"libhipfft\.|librocfft\.", "ROCm packages hipfft / rocfft"),
+    (r"libhiprand\.|librocrand\.", "ROCm packages hiprand / rocrand"),
+    (r"libroctx64\.|libroctracer64\.", "ROCm package roctracer"),
+    (r"librocprofiler", "ROCm package rocprofiler"),
+    (r"libhsa-runtime64\.", "ROCm package hsa-rocr"),
+    (r"libamd_comgr\.", "ROCm package comgr"),
+    (r"libaotriton", "AOTriton, shipped inside the torch wheel"),
+    (r"libcudart\.", "the CUDA runtime (pip nvidia-cuda-runtime-cu12/13)"),
+    (r"libcublas(Lt)?\.", "cuBLAS (pip nvidia-cublas-cu12/13)"),
+    (r"libcudnn", "cuDNN (pip nvidia-cudnn-cu12/13)"),
+    (r"libnccl\.", "NCCL (pip nvidia-nccl-cu12/13)"),
+    (r"libtorch|libc10", "the torch wheel (install the matching torch)"),
+    (r"libpython3", "a Python built with --enable-shared"),
+    (r"libnuma\.", "Debian/Ubuntu package libnuma1"),
+    (r"libdrm", "Debian/Ubuntu package libdrm2 / libdrm-amdgpu1"),
+    (r"libelf\.", "Debian/Ubuntu package libelf1"),
+    (r"libgomp\.|libstdc\+\+\.|libgcc_s\.", "the GCC runtime (libgomp1, libstdc++6)"),
+)
+
+# Signals that kill an import or a GPU run, with what usually causes each.
+CRASH_CAUSES = {
+    signal.SIGSEGV: "two Tritons overwriting each other, an extension built against another torch, "
+    "or libraries from two ROCm installs mixed (check LD_LIBRARY_PATH)",
+    signal.SIGILL: "code compiled for a newer CPU (-march=native on the build host) or a GPU arch "
+    "forced with HSA_OVERRIDE_GFX_VERSION that the device lacks",
+    signal.SIGABRT: "an uncaught C++ exception at load (undefined symbol, HIP runtime init); "
+    "rerun with AMD_LOG_LEVEL=3 for the HIP log",
+    signal.SIGBUS: "shared memory too small (/dev/shm in a container)",
+    signal.SIGKILL: "out of memory (OOM killer) or the time limit",
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict: ``status`` is ok, fail, warn or skip."""
+
+    section: str  # static, import, gpu
+    name: str
+    status: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What ``verify_probe.py dists`` reports about an interpreter's environment."""
+
+    python: str
+    site: tuple[str, ...]
+    dists: dict[str, dict]  # canonical name -> {name, version, requires, provenance, shared_objects}
+
+    def version(self, project: str) -> str | None:
+        d = self.dists.get(canonicalize_name(project))
+        return d["version"] if d else None
+
+
+# ------------------------------------------------------------------------ environment
+
+
+def probe_environment(python: str) -> Environment:
+    """Ask ``python`` for its installed distributions (one subprocess, nothing imported)."""
+    res = subprocess.run([python, str(PROBE), "dists"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise UserError(f"{python} cannot list its packages: {res.stderr.strip()[-300:]}")
+    data = json.loads(res.stdout)
+    dists = {canonicalize_name(d["name"]): d for d in data["dists"]}
+    return Environment(data["python"], tuple(data["site"]), dists)
+
+
+def required_archs(cfg) -> tuple[str, ...]:
+    """What every bundle must cover: the ROCm archs, or sm_XX for a CUDA build, or nothing."""
+    if cfg.build.backend == "rocm":
+        return tuple(cfg.build.arch)
+    if cfg.build.backend == "cuda":
+        return tuple("sm_" + a.replace(".", "").lower().replace("+ptx", "") for a in cfg.build.cuda_arch)
+    return ()
+
+
+# ---------------------------------------------------------------------- static checks
+
+
+def coverage_checks(wheels: Iterable[Path], required: tuple[str, ...]) -> list[Check]:
+    """Per wheel: does every bundle of every shared object cover ``required``?"""
+    checks = []
+    for wheel in wheels:
+        report = inspect.inspect_paths([wheel], required)
+        with_code = [f for f in report.files if f.bundles]
+        name = f"archs: {wheel.name}"
+        if report.missing:
+            gaps = [f"{m.member} bundle {m.bundle} lacks {m.arch}" for m in report.missing]
+            more = f" (+{len(gaps) - 5} more)" if len(gaps) > 5 else ""
+            checks.append(Check("static", name, "fail", "; ".join(gaps[:5]) + more))
+        else:
+            archs = sorted({a for f in with_code for a in f.archs})
+            detail = (
+                f"{len(report.files)} shared objects, {len(with_code)} with GPU code "
+                f"({' '.join(archs) or '-'})"
+            )
+            checks.append(
+                Check(
+                    "static", name, "ok", detail + (f"; all cover {','.join(required)}" if with_code else "")
+                )
+            )
+    return checks
+
+
+def provider(soname: str) -> str:
+    """Who ships ``soname``, for the message about a library that does not resolve."""
+    for pattern, what in PROVIDERS:
+        if re.match(pattern, soname):
+            return what
+    return "unknown; search with `apt-file search " + soname + "`"
+
+
+def _rocm_lib_dirs(environ) -> list[Path]:
+    roots = [environ[k] for k in ("ROCM_PATH", "HIP_PATH") if environ.get(k)]
+    roots += sorted(str(p) for p in Path("/opt").glob("rocm*"))
+    return [Path(r) / sub for r in roots for sub in ("lib", "lib64")]
+
+
+def _system_libraries() -> set[str]:
+    """Sonames the dynamic loader's cache knows (``ldconfig -p``)."""
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return set()
+    return {line.split()[0] for line in out.splitlines()[1:] if line.strip()}
+
+
+class LibraryResolver:
+    """Finds a ``DT_NEEDED`` soname the way the environment will: inside it, in ROCm, on the system."""
+
+    def __init__(self, env: Environment, environ=None):
+        environ = os.environ if environ is None else environ
+        self.in_env: dict[str, str] = {}
+        for site_dir in env.site:
+            for dirpath, _dirs, files in os.walk(site_dir):
+                for f in files:
+                    if ".so" in f:
+                        self.in_env.setdefault(f, os.path.join(dirpath, f))
+        ld_path = [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+        self.rocm_dirs = _rocm_lib_dirs(environ)
+        self.system_dirs = [*ld_path, *map(Path, SYSTEM_LIB_DIRS)]
+        self.system_cache = _system_libraries()
+
+    def where(self, soname: str, origin: Path, runpaths: list[str]) -> str | None:
+        """``environment``, ``ROCm``, ``system`` or None when ``soname`` resolves nowhere."""
+        for rp in runpaths:
+            if (Path(rp.replace("$ORIGIN", str(origin)).replace("${ORIGIN}", str(origin))) / soname).exists():
+                return "environment" if str(origin) in rp or "$ORIGIN" in rp else "system"
+        if soname in self.in_env:
+            return "environment"
+        if any((d / soname).exists() for d in self.rocm_dirs):
+            return "ROCm"
+        if soname in self.system_cache or any((d / soname).exists() for d in self.system_dirs):
+            return "system"
+        return None
+
+
+def library_checks(env: Environment, projects: Iterable[str], environ=None) -> list[Check]:
+    """One check per project: all ``DT_NEEDED`` libraries of its shared objects resolve."""
+    resolver = LibraryResolver(env, environ)
+    checks = []
+    for project in projects:
+        dist = env.dists.get(canonicalize_name(project))
+        if dist is None:
+            continue
+        missing: dict[str, list[str]] = {}
+        count = 0
+        for so in dist["shared_objects"]:
+            path = Path(so)
+            if not path.is_file():
+                continue
+            count += 1
+            needed, runpaths = inspect.elf_dependencies(path)
+            for soname in needed:
+                if resolver.where(soname, path.parent, runpaths) is None:
+                    missing.setdefault(soname, []).append(path.name)
+        name = f"libraries: {dist['name']}"
+        if missing:
+            parts = [
+                f"{lib} (needed by {', '.join(sorted(set(by))[:3])}) not found; provided by {provider(lib)}"
+                for lib, by in sorted(missing.items())
+            ]
+            checks.append(Check("static", name, "fail", "; ".join(parts)))
+        else:
+            checks.append(
+                Check("static", name, "ok", f"{count} shared objects, every NEEDED library resolves")
+            )
+    return checks
+
+
+def _satisfies(version: str | None, req: Requirement) -> bool:
+    if version is None:
+        return False
+    try:
+        return req.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _requirements(dist: dict) -> list[Requirement]:
+    out = []
+    for text in dist.get("requires") or ():
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is None or "extra" not in str(req.marker):
+            out.append(req)
+    return out
+
+
+def _dropped(dist: dict) -> list[Requirement]:
+    """Requirements rocmforge removed from the wheel's metadata, kept in its provenance."""
+    prov = dist.get("provenance") or {}
+    out = []
+    for text in prov.get("dropped_requirements") or ():
+        try:
+            out.append(Requirement(text))
+        except InvalidRequirement:
+            continue
+    return out
+
+
+def version_checks(env: Environment, wheelhouse_sha256: dict[str, str] | None = None) -> list[Check]:
+    """Exactly one Triton; torch with its pinned Triton; vLLM with its torch; built-against wheels."""
+    checks = []
+    tritons = sorted(p for p in TRITON_PROJECTS if p in env.dists)
+    if len(tritons) > 1:
+        listed = " and ".join(f"{env.dists[p]['name']} {env.dists[p]['version']}" for p in tritons)
+        checks.append(
+            Check(
+                "static",
+                "one Triton",
+                "fail",
+                f"{listed} are both installed; they write the same `triton` package and crash "
+                f"each other: uninstall all but the one torch pins",
+            )
+        )
+    elif tritons:
+        checks.append(
+            Check(
+                "static",
+                "one Triton",
+                "ok",
+                f"{env.dists[tritons[0]]['name']} {env.dists[tritons[0]]['version']}",
+            )
+        )
+
+    torch = env.dists.get("torch")
+    if torch is not None:
+        pins = [
+            r for r in _requirements(torch) + _dropped(torch) if canonicalize_name(r.name) in TRITON_PROJECTS
+        ]
+        if not pins:
+            checks.append(
+                Check(
+                    "static", "torch ↔ Triton", "skip", "torch names no Triton in its metadata or provenance"
+                )
+            )
+        else:
+            pin = pins[0]
+            have = [(p, env.version(p)) for p in tritons]
+            ok = any(_satisfies(v, pin) for _p, v in have)
+            found = ", ".join(f"{p} {v}" for p, v in have) or "none"
+            checks.append(
+                Check(
+                    "static",
+                    "torch ↔ Triton",
+                    "ok" if ok else "fail",
+                    f"torch {torch['version']} pins {pin}; installed: {found}",
+                )
+            )
+
+    vllm = env.dists.get("vllm")
+    if vllm is not None and torch is not None:
+        reqs = [r for r in _requirements(vllm) + _dropped(vllm) if canonicalize_name(r.name) == "torch"]
+        if reqs:
+            ok = all(_satisfies(torch["version"], r) for r in reqs)
+            checks.append(
+                Check(
+                    "static",
+                    "vLLM ↔ torch",
+                    "ok" if ok else "fail",
+                    f"vllm {vllm['version']} needs {', '.join(map(str, reqs))}; "
+                    f"torch {torch['version']} installed",
+                )
+            )
+
+    if wheelhouse_sha256 is not None:
+        checks.extend(_built_against(env, wheelhouse_sha256))
+    return checks
+
+
+def _built_against(env: Environment, wheelhouse_sha256: dict[str, str]) -> list[Check]:
+    """Wheels record the sha256 of each dependency wheel they were built against (provenance)."""
+    checks = []
+    for dist in env.dists.values():
+        deps = ((dist.get("provenance") or {}).get("dependencies")) or {}
+        for dep, sha in deps.items():
+            ok = sha in wheelhouse_sha256
+            detail = (
+                f"built against {wheelhouse_sha256[sha]}"
+                if ok
+                else f"built against a {dep} wheel (sha256 {sha[:12]}) that is no longer in the wheelhouse; "
+                f"rebuild it: nox -s {canonicalize_name(dist['name'])}"
+            )
+            checks.append(Check("static", f"{dist['name']} ↔ {dep}", "ok" if ok else "fail", detail))
+    return checks
+
+
+def pip_check(python: str) -> Check:
+    """``uv pip check`` (or ``pip check``) of the environment."""
+    uv = shutil.which("uv")
+    argv = [uv, "pip", "check", "--python", python] if uv else [python, "-m", "pip", "check"]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    text = (res.stdout + res.stderr).strip()
+    if res.returncode == 0:
+        return Check("static", "pip check", "ok", text.splitlines()[-1] if text else "no broken requirements")
+    return Check("static", "pip check", "fail", " | ".join(text.splitlines()[-6:]))
+
+
+# --------------------------------------------------------------------- runtime checks
+
+
+def _crash(returncode: int) -> str | None:
+    """``SIGSEGV: likely ...`` for a process killed by a signal, else None."""
+    if returncode >= 0:
+        return None
+    sig = signal.Signals(-returncode)
+    return f"crashed with {sig.name}; likely cause: {CRASH_CAUSES.get(sig, 'see the output above')}"
+
+
+def import_checks(python: str, modules: Iterable[str], environ=None) -> list[Check]:
+    """Import each module in its own process; report crashes by signal and missing libraries."""
+    checks = []
+    for module in modules:
+        try:
+            res = subprocess.run(
+                [python, str(PROBE), "import", module],
+                capture_output=True,
+                text=True,
+                timeout=IMPORT_TIMEOUT,
+                env=environ,
+            )
+        except subprocess.TimeoutExpired:
+            checks.append(Check("import", f"import {module}", "fail", f"no answer after {IMPORT_TIMEOUT}s"))
+            continue
+        crash = _crash(res.returncode)
+        if crash:
+            checks.append(Check("import", f"import {module}", "fail", crash))
+        elif res.returncode != 0:
+            last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+            lib = re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file", last)
+            hint = f"; {lib[1]} is provided by {provider(lib[1])}" if lib else ""
+            checks.append(Check("import", f"import {module}", "fail", last + hint))
+        else:
+            checks.append(Check("import", f"import {module}", "ok", "imported"))
+    return checks
+
+
+def gpu_checks(python: str, archs: tuple[str, ...], model: Path | None, environ=None) -> list[Check]:
+    """The GPU part, run by ``verify_probe.py gpu`` inside the environment."""
+    argv = [python, str(PROBE), "gpu", *[f"--arch={a}" for a in archs]]
+    if model is not None:
+        argv.append(f"--model={model}")
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_TIMEOUT, env=environ)
+    except subprocess.TimeoutExpired:
+        return [Check("gpu", "gpu: run", "fail", f"no answer after {GPU_TIMEOUT}s")]
+    checks = [
+        Check("gpu", d["name"], d["status"], d["detail"])
+        for d in (json.loads(line) for line in res.stdout.splitlines() if line.startswith("{"))
+    ]
+    # The checks done before a crash are kept; the crash itself is the last finding.
+    crash = _crash(res.returncode)
+    if crash or (res.returncode != 0 and not checks):
+        tail = res.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        checks.append(Check("gpu", "gpu: run", "fail", crash or tail[0]))
+    return checks
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def modules_to_import(env: Environment) -> list[str]:
+    """torch, triton and vllm, those installed."""
+    wanted = [("torch", "torch"), ("triton", None), ("vllm", "vllm")]
+    out = []
+    for module, project in wanted:
+        present = any(p in env.dists for p in TRITON_PROJECTS) if project is None else project in env.dists
+        if present:
+            out.append(module)
+    return out
+
+
+def run(
+    python: str,
+    *,
+    archs: tuple[str, ...],
+    wheels: list[Path] = (),
+    projects: list[str] | None = None,
+    static: bool = True,
+    gpu: bool = True,
+    model: Path | None = TINY_MODEL,
+    environ=None,
+) -> list[Check]:
+    """All checks against the environment of ``python`` (and the ``wheels`` it came from)."""
+    checks: list[Check] = []
+    if static:
+        env = probe_environment(python)
+        if wheels:
+            checks += coverage_checks(wheels, archs)
+        names = (
+            projects if projects is not None else [canonicalize_name(w.name.split("-")[0]) for w in wheels]
+        )
+        if not names:  # an existing environment: what rocmforge built, else the usual suspects
+            names = [n for n, d in env.dists.items() if d.get("provenance")] or [
+                n for n in ("torch", "vllm", *TRITON_PROJECTS) if n in env.dists
+            ]
+        checks += library_checks(env, names, environ)
+        checks += version_checks(env, _wheel_hashes(wheels) if wheels else None)
+        checks.append(pip_check(python))
+        checks += import_checks(python, modules_to_import(env), environ)
+    if gpu:
+        checks += gpu_checks(python, archs, model, environ)
+    return checks
+
+
+def _wheel_hashes(wheels: Iterable[Path]) -> dict[str, str]:
+    """sha256 -> wheel file name, to match the hashes provenance records."""
+    from rocmforge.wheelhouse import file_sha256
+
+    return {file_sha256(w): w.name for w in wheels}
+
+
+def fresh_venv(venv: Path, wheelhouse: Path, python: str, *, offline: bool = False) -> tuple[str, list[Path]]:
+    """A new uv venv holding every project of the wheelhouse; returns (python, wheels)."""
+    from rocmforge.wheelhouse import Wheelhouse
+
+    house = Wheelhouse(wheelhouse)
+    entries = house.entries()
+    if not entries:
+        raise UserError(f"no wheels in {wheelhouse}: build them first (nox -s pytorch triton vllm)")
+    uv = shutil.which("uv")
+    if uv is None:
+        raise UserError("uv is not installed; pip install uv (it is a rocmforge dependency)")
+    if venv.exists():
+        shutil.rmtree(venv)
+    subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
+    vpy = str(venv / "bin" / "python")
+    # Our index first: uv takes every project it has from it (first-index strategy), PyPI
+    # supplies the rest (pure-Python dependencies) unless offline.
+    source = (
+        ["--no-index", "--find-links", str(house.root)]
+        if offline
+        else ["--index", house.simple.resolve().as_uri()]
+    )
+    argv = [uv, "pip", "install", "--quiet", "--python", vpy, *source, *sorted({e.project for e in entries})]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise UserError(f"installing the wheelhouse into {venv} failed: {res.stderr.strip()[-500:]}")
+    return vpy, [e.path for e in entries]
+
+
+def report(checks: list[Check], *, as_json: bool) -> int:
+    """Print the table (stderr) or JSON (stdout); 1 when any check failed."""
+    failed = any(c.status == "fail" for c in checks)
+    if as_json:
+        json.dump({"ok": not failed, "checks": [asdict(c) for c in checks]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return int(failed)
+    from rich.table import Table
+
+    from rocmforge.console import console
+
+    colour = {"ok": "green", "fail": "red", "warn": "yellow", "skip": "dim"}
+    table = Table(title="rocmforge verify")
+    for column in ("section", "check", "status", "detail"):
+        table.add_column(column, overflow="fold")
+    for c in checks:
+        table.add_row(c.section, c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail)
+    console.print(table)
+    counts = {s: sum(c.status == s for c in checks) for s in colour}
+    console.print(
+        ", ".join(f"{n} {s}" for s, n in counts.items() if n) + (" - FAILED" if failed else " - OK")
+    )
+    return int(failed)
+
+
+def nox_session(session, cfg) -> None:
+    """``nox -s verify``: fresh venv from the wheelhouse, then every check (``-- --no-gpu``, ``--json``)."""
+    args = build_parser().parse_args(session.posargs)
+    venv = cfg.build.work_dir / "verify-venv"
+    session.log(f"installing {cfg.build.wheelhouse} into a fresh venv at {venv}")
+    python, wheels = fresh_venv(venv, cfg.build.wheelhouse, cfg.build.python or sys.executable)
+    archs = tuple(args.arch.split(",")) if args.arch else required_archs(cfg)
+    checks = run(python, archs=archs, wheels=wheels, gpu=not args.no_gpu, static=not args.gpu_only)
+    if report(checks, as_json=args.json):
+        session.error("verify failed: see the table above")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options shared by ``python -m rocmforge.verify`` and ``nox -s verify -- ...``."""
+    parser = argparse.ArgumentParser(prog="python -m rocmforge.verify", description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default=sys.executable, help="interpreter of the environment to check")
+    parser.add_argument(
+        "--wheelhouse", type=Path, help="also check these wheels' code objects and provenance"
+    )
+    parser.add_argument("--arch", help="comma-separated archs to require (default: build_config.toml)")
+    parser.add_argument("--model", type=Path, default=TINY_MODEL, help="model config dir for the vLLM check")
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu-only", action="store_true", help="only the GPU checks")
+    gpu.add_argument("--no-gpu", action="store_true", help="skip the GPU checks")
+    parser.add_argument("--json", action="store_true", help="JSON on stdout instead of the table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check an existing environment (``--python``), optionally with the wheels it came from."""
+    args = build_parser().parse_args(argv)
+    if args.arch:
+        archs = inspect.parse_required(args.arch)
+    else:
+        from rocmforge.config import load_config
+
+        archs = required_archs(load_config())
+    wheels = sorted(args.wheelhouse.glob("*.whl")) if args.wheelhouse else []
+    try:
+        checks = run(
+            args.python,
+            archs=archs,
+            wheels=wheels,
+            static=not args.gpu_only,
+            gpu=not args.no_gpu,
+            model=args.model,
+        )
+    except UserError as exc:
+        print(f"rocmforge verify: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return report(checks, as_json=args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
