@@ -60,7 +60,9 @@ COPY_BYTES = 2**30
 VLLM_SPEC = {"num_prompts": 256, "input_len": 128, "output_len": 128, "repeats": 3}
 VLLM_TIMEOUT_S = 1200
 CLOCK_QUERY_TIMEOUT_S = 20
+CLOCK_SAMPLE_MS = 250
 NVIDIA_SMI_FIELDS = (
+    "timestamp",
     "index",
     "name",
     "clocks.sm",
@@ -227,11 +229,17 @@ class Worker:
 
 
 def parse_nvidia_smi(text: str) -> list[dict]:
-    """``nvidia-smi --query-gpu=NVIDIA_SMI_FIELDS --format=csv,noheader,nounits`` as dicts."""
+    """``nvidia-smi --query-gpu=NVIDIA_SMI_FIELDS --format=csv,noheader,nounits`` as dicts.
+
+    A line with the wrong number of fields (cut off when a sampling loop is stopped) is dropped.
+    """
     gpus = []
     for line in text.strip().splitlines():
         values = [v.strip() for v in line.split(",")]
-        gpus.append({field: _number(value) for field, value in zip(NVIDIA_SMI_FIELDS, values, strict=True)})
+        if len(values) == len(NVIDIA_SMI_FIELDS):
+            gpus.append(
+                {field: _number(value) for field, value in zip(NVIDIA_SMI_FIELDS, values, strict=True)}
+            )
     return gpus
 
 
@@ -242,11 +250,49 @@ def _number(value: str):
         return value
 
 
+def _nvidia_smi_argv(tool: str) -> list[str]:
+    return [tool, "--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS), "--format=csv,noheader,nounits"]
+
+
+class ClockSampler:
+    """Clocks, power and temperature sampled by nvidia-smi's own loop while the timed work runs:
+    under sustained matrix work a GPU can sit at its power limit with the SM clock well below
+    its maximum, and the figures are only comparable with that noted. rocm-smi has no such
+    loop; there the snapshots before and after stand alone."""
+
+    def __init__(self, which=shutil.which):
+        tool = which("nvidia-smi")
+        self.proc = None
+        if tool:
+            self.proc = subprocess.Popen(
+                [*_nvidia_smi_argv(tool), "-lms", str(CLOCK_SAMPLE_MS)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+
+    def stop(self) -> dict:
+        """The samples taken since the start, with their summary."""
+        snapshot: dict = {"when": "during timing"}
+        if self.proc is None:
+            return {**snapshot, "note": "no nvidia-smi: clocks were not sampled during timing"}
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=CLOCK_QUERY_TIMEOUT_S)
+        samples = parse_nvidia_smi(out)
+        return {
+            **snapshot,
+            "tool": "nvidia-smi",
+            "interval_ms": CLOCK_SAMPLE_MS,
+            "summary": bench_report.clock_summary(samples),
+            "gpus": samples,
+        }
+
+
 def query_clocks(when: str, which=shutil.which) -> dict:
     """GPU clocks, power and temperature now, from whichever vendor tool is on PATH."""
     snapshot: dict = {"when": when, "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     if tool := which("nvidia-smi"):
-        argv = [tool, "--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS), "--format=csv,noheader,nounits"]
+        argv = _nvidia_smi_argv(tool)
         parse = parse_nvidia_smi
     elif tool := which("rocm-smi"):
         argv = [tool, "--showclocks", "--showtemp", "--showpower", "--json"]
@@ -427,10 +473,13 @@ def main(args: argparse.Namespace) -> int:
             "clocks": [query_clocks("start")],
         }
         cases, report["skipped"] = plan(
-            sections, quick=args.quick, fp8_dtype=gpu.get("fp8_dtype"), arch=gpu["arch"]
+            sections, quick=args.quick, fp8_dtype=probes["A"]["fp8_dtype"], arch=gpu["arch"]
         )
-        report["results"] = time_cases(workers, cases, rounds, reps, peak)
-        report["clocks"].append(query_clocks("after timing (GPU still warm)"))
+        sampler = ClockSampler()
+        try:
+            report["results"] = time_cases(workers, cases, rounds, reps, peak)
+        finally:
+            report["clocks"].append(sampler.stop())
         report["triton_vs_torch"] = bench_report.triton_vs_torch(report["results"])
         square = gemm_case("bf16", SQUARE, SQUARE, SQUARE, "square")
         if "gemm" in sections:

@@ -78,6 +78,16 @@ def figures(case: dict, median_ms: float, peak: Peak | None) -> dict:
     return out
 
 
+def clock_summary(samples: list[dict]) -> dict:
+    """Minimum, median and maximum of SM clock (MHz), power (W) and temperature (C) over samples."""
+    summary = {}
+    for field, name in (("clocks.sm", "sm_mhz"), ("power.draw", "power_w"), ("temperature.gpu", "temp_c")):
+        values = sorted(s[field] for s in samples if isinstance(s.get(field), (int, float)))
+        if values:
+            summary[name] = {"min": values[0], "median": statistics.median(values), "max": values[-1]}
+    return {"samples": len(samples), **summary}
+
+
 def ab_ratio(rounds_a: Sequence[Sequence[float]], rounds_b: Sequence[Sequence[float]]) -> dict:
     """How much faster A runs than B (>1: A faster), from interleaved rounds of both.
 
@@ -224,7 +234,7 @@ def print_summary(report: dict, console) -> None:
         table.add_column(column, justify="left" if column in ("case", "env") else "right")
     for row in table_rows(report):
         table.add_row(*row)
-    console.print(table)
+    console.print(table, width=max(console.width, 150))  # rows stay one line in logs and CI
     if peak:
         console.print(f"peaks: {peak['tflops']} TFLOP/s dense, {peak['mem_tbps']} TB/s ({peak['source']})")
     for row in report.get("triton_vs_torch", []):
@@ -256,6 +266,11 @@ def print_summary(report: dict, console) -> None:
     for skip in report.get("skipped", []):
         console.print(f"skipped {skip['what']}: {skip['why']}")
     for snapshot in report.get("clocks", []):
+        if "summary" in snapshot:
+            console.print(f"clocks {snapshot['when']}: {_describe_summary(snapshot['summary'])}")
+            continue
+        if "note" in snapshot:
+            console.print(f"clocks {snapshot['when']}: {snapshot['note']}")
         for gpu in snapshot.get("gpus", [])[:1] if isinstance(snapshot.get("gpus"), list) else []:
             console.print(
                 f"clocks {snapshot['when']}: SM {gpu.get('clocks.sm')} of {gpu.get('clocks.max.sm')} MHz, "
@@ -288,6 +303,15 @@ def table_rows(report: dict) -> list[tuple[str, ...]]:
             ab = result["ab"]
             rows.append((result["label"], "A/B", f"x{ab['ratio']:.3f}", "", "", "", _round_range(ab)))
     return rows
+
+
+def _describe_summary(summary: dict) -> str:
+    parts = [f"{summary['samples']} samples"]
+    for name, unit in (("sm_mhz", "MHz SM"), ("power_w", "W"), ("temp_c", "C")):
+        if name in summary:
+            r = summary[name]
+            parts.append(f"{r['min']:.0f}/{r['median']:.0f}/{r['max']:.0f} {unit}")
+    return ", ".join(parts) + " (min/median/max)"
 
 
 def _pct(value: float | None) -> str:
