@@ -155,6 +155,7 @@ class Build:
     third_party: Path
     cache_dir: Path
     cache_store: CacheStore = CacheStore()  # where compile_cache keeps objects
+    retry: tuple[str, ...] = ()  # diagnosis categories retried once with their remedy
 
 
 @dataclass(frozen=True)
@@ -503,9 +504,17 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
         third_party=_path(root, t.get("third_party", str, "third_party")),
         cache_dir=_path(root, cache_dir),
         cache_store=cache_store,
+        retry=_retry(t),
     )
     t.done()
     return b
+
+
+def _retry(t: _Table) -> tuple[str, ...]:
+    """``build.retry``: failure categories to retry with their remedy (see docs/diagnose.md)."""
+    from rocmforge.diagnose import check_retry_categories
+
+    return check_retry_categories(t.strings("retry"), key=t.key("retry"))
 
 
 def parse_config(data: Mapping[str, Any], *, path: Path, environ: Mapping[str, str] | None = None) -> Config:
