@@ -1,0 +1,179 @@
+"""The build environment for the three backends, from facts gathered on fake host trees."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import fakehost
+import pytest
+
+from rocmforge.buildenv import build_environment, shell_lines
+from rocmforge.config import parse_config, tomllib
+from rocmforge.errors import UserError
+from rocmforge.host import gather
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = tomllib.loads((ROOT / "build_config.toml").read_text())
+GCC12 = "gcc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc."
+
+
+def config(environ=None, *, packages=None, **build):
+    """The shipped config with ``build`` keys (and package tables) replaced."""
+    data = copy.deepcopy(DEFAULT)
+    data["build"].update(build)
+    for name, table in (packages or {}).items():
+        data["packages"][name].update(table)
+    return parse_config(data, path=ROOT / "build_config.toml", environ=environ or {})
+
+
+def facts_for(tmp_path, *, mem_gb=48, cpus="0-63", cgroup_mem_gb=None, extra_env=None, rocm=True):
+    """Facts of a fake host: distro gcc 12 plus gcc-13, ROCm 7.2 under /opt, given CPUs/RAM."""
+    bindir = fakehost.toolchain(tmp_path / "bin", gcc_names=("gcc-13", "g++-13"))
+    for name in ("gcc", "g++"):
+        fakehost.tool(bindir, name, GCC12, "12.2.0")
+    fakehost.proc(tmp_path, cpus_allowed=cpus, mem_kb=mem_gb * 1024 * 1024)
+    if cgroup_mem_gb:
+        fakehost.write(tmp_path / "sys/fs/cgroup/memory.max", str(cgroup_mem_gb << 30))
+    if rocm:
+        fakehost.rocm(tmp_path)
+    env = fakehost.environ(bindir, **(extra_env or {}))
+    return gather(env, root=tmp_path, build_dir=tmp_path)
+
+
+def test_rocm_backend(tmp_path):
+    cfg = config()
+    facts = facts_for(tmp_path, extra_env={"CFLAGS": "-g", "LD_LIBRARY_PATH": "/usr/local/lib"})
+    rocm = str(tmp_path / "opt/rocm-7.2.0")
+    env = build_environment(cfg, "pytorch", facts)
+    assert env["ROCM_PATH"] == env["ROCM_HOME"] == env["HIP_PATH"] == rocm
+    assert env["PATH"] == f"{rocm}/bin:{tmp_path / 'bin'}"
+    assert env["LD_LIBRARY_PATH"] == f"{rocm}/lib:/usr/local/lib"
+    assert env["CMAKE_PREFIX_PATH"] == rocm
+    assert env["PYTORCH_ROCM_ARCH"] == ";".join(cfg.build.arch) and ";" in env["PYTORCH_ROCM_ARCH"]
+    assert (env["HIP_PLATFORM"], env["USE_ROCM"], env["USE_CUDA"]) == ("amd", "1", "0")
+    # 64 cores, 48 GB: PyTorch's 4 GB per job allows 12, vLLM's 3 GB 16.
+    assert env["MAX_JOBS"] == env["CMAKE_BUILD_PARALLEL_LEVEL"] == "12"
+    assert build_environment(cfg, "vllm", facts)["MAX_JOBS"] == "16"
+    # The distro gcc 12 is too old for torch (>=13): the gcc-13 beside it is picked; vLLM takes gcc.
+    assert (env["CC"], env["CXX"]) == ("gcc-13", "g++-13")
+    assert build_environment(cfg, "vllm", facts)["CC"] == "gcc"
+    assert env["CFLAGS"] == f"-g -{cfg.build.opt_level}" and env["CXXFLAGS"] == f"-{cfg.build.opt_level}"
+    assert "CMAKE_C_COMPILER_LAUNCHER" not in env
+
+
+def test_cgroup_memory_limit_and_max_jobs_override(tmp_path):
+    facts = facts_for(tmp_path, mem_gb=256, cgroup_mem_gb=10)
+    assert build_environment(config(), "pytorch", facts)["MAX_JOBS"] == "2"  # 10 GB / 4 GB
+    cfg = config({"MAX_JOBS": "3", "PYTORCH_ROCM_ARCH": "gfx942"})
+    env = build_environment(cfg, "pytorch", facts)
+    assert (env["MAX_JOBS"], env["PYTORCH_ROCM_ARCH"]) == ("3", "gfx942")
+
+
+def test_cgroup_cpu_quota_caps_jobs(tmp_path):
+    facts = facts_for(tmp_path, mem_gb=512)
+    fakehost.write(tmp_path / "sys/fs/cgroup/cpu.max", "400000 100000")
+    facts = gather(facts.environ, root=tmp_path, build_dir=tmp_path)
+    assert build_environment(config(), "triton", facts)["MAX_JOBS"] == "4"
+
+
+def test_compile_cache_launcher_and_package_env_last(tmp_path):
+    cfg = config(
+        compile_cache="ccache", packages={"pytorch": {"env": {"USE_FLASH_ATTENTION": "0", "MAX_JOBS": "1"}}}
+    )
+    facts = facts_for(tmp_path)
+    with pytest.raises(UserError, match="ccache is not on PATH"):
+        build_environment(cfg, "pytorch", facts)
+    ccache = fakehost.tool(tmp_path / "bin", "ccache", "ccache version 4.8")
+    facts = gather(facts.environ, root=tmp_path, build_dir=tmp_path)
+    env = build_environment(cfg, "pytorch", facts)
+    for lang in ("C", "CXX", "HIP"):
+        assert env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] == str(ccache)
+    assert (env["USE_FLASH_ATTENTION"], env["MAX_JOBS"]) == ("0", "1")
+
+
+def test_cuda_backend(tmp_path):
+    cuda = tmp_path / "usr/local/cuda-12.8"
+    fakehost.tool(cuda / "bin", "nvcc", "Cuda compilation tools, release 12.8, V12.8.93")
+    cfg = config(backend="cuda", arch=[])
+    facts = facts_for(tmp_path, rocm=False, extra_env={"CUDA_HOME": str(cuda)})
+    env = build_environment(cfg, "pytorch", facts)
+    assert env["CUDA_HOME"] == str(cuda)
+    assert env["PATH"].startswith(f"{cuda}/bin:")
+    assert env["TORCH_CUDA_ARCH_LIST"] == ";".join(cfg.build.cuda_arch)
+    assert (env["USE_CUDA"], env["USE_ROCM"]) == ("1", "0")
+    assert not {"ROCM_PATH", "HIP_PATH", "PYTORCH_ROCM_ARCH"} & set(env)
+
+
+def test_cpu_backend(tmp_path):
+    env = build_environment(config(backend="cpu", arch=[]), "pytorch", facts_for(tmp_path, rocm=False))
+    assert (env["USE_CUDA"], env["USE_ROCM"]) == ("0", "0")
+    assert not {"ROCM_PATH", "CUDA_HOME", "PYTORCH_ROCM_ARCH", "TORCH_CUDA_ARCH_LIST"} & set(env)
+    assert env["MAX_JOBS"] == "12"
+
+
+def test_debian_usr_rocm_does_not_reorder_system_paths(tmp_path):
+    facts = facts_for(tmp_path, rocm=False)
+    fakehost.debian_rocm(tmp_path)
+    facts = gather(facts.environ, root=tmp_path, build_dir=tmp_path)
+    (inst,) = facts.rocm_installs
+    assert (inst.kind, inst.version) == ("distro", "5.2.3")
+    # The same install as recorded on a real Debian host: /usr/bin and the multiarch lib dir
+    # are searched anyway, so they must not jump ahead of the user's PATH.
+    usr = dataclasses.replace(inst, root="/usr", lib_dir="/usr/lib/x86_64-linux-gnu", hipcc="/usr/bin/hipcc")
+    real = dataclasses.replace(facts, rocm_installs=(usr,))
+    env = build_environment(config(), "triton", real, base_env={"PATH": "/usr/local/bin:/usr/bin"})
+    assert (env["ROCM_PATH"], env["HIP_PATH"]) == ("/usr", "/usr")
+    assert env["PATH"] == "/usr/local/bin:/usr/bin"
+    assert "LD_LIBRARY_PATH" not in env and "CMAKE_PREFIX_PATH" not in env
+
+
+def test_missing_rocm_and_bad_rocm_path_are_one_line_errors(tmp_path):
+    facts = facts_for(tmp_path, rocm=False)
+    with pytest.raises(UserError, match=r"^no ROCm found; install ROCm 7\.2"):
+        build_environment(config(), "pytorch", facts)
+    facts = facts_for(tmp_path, extra_env={"ROCM_PATH": str(tmp_path / "missing")})
+    with pytest.raises(UserError, match=r"^ROCM_PATH=.*missing does not exist; unset it"):
+        build_environment(config(), "pytorch", facts)
+
+
+def test_pure_function_does_not_touch_os_environ(tmp_path):
+    before = dict(os.environ)
+    facts = facts_for(tmp_path)
+    env = build_environment(config(), "vllm", facts)
+    assert dict(os.environ) == before
+    assert env == build_environment(config(), "vllm", facts, base_env=facts.environ)
+    assert shell_lines({"A": "x y", "B": "gfx90a;gfx942"}) == ["export A='x y'", "export B='gfx90a;gfx942'"]
+
+
+def test_env_command(tmp_path):
+    def run(*args, **env):
+        return subprocess.run(
+            [sys.executable, "-m", "rocmforge", "env", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, **env},
+        )
+
+    shell = run("vllm", "--shell", PYTORCH_ROCM_ARCH="gfx942")
+    if shell.returncode == 2 and "no ROCm found" in shell.stderr:
+        pytest.skip("no ROCm on this machine at all")
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.startswith("# PYTORCH_ROCM_ARCH='gfx942' overrides build.arch\n")
+    assert "export PYTORCH_ROCM_ARCH=gfx942" in shell.stdout.splitlines()
+    # The export lines reproduce the environment in a real shell.
+    out = subprocess.run(["sh", "-c", shell.stdout + 'printf %s "$MAX_JOBS"'], capture_output=True, text=True)
+    doc = json.loads(run("vllm", "--json").stdout)
+    assert out.stdout == doc["MAX_JOBS"] and int(doc["MAX_JOBS"]) >= 1
+    bad = run("vllm", ROCM_PATH=str(tmp_path / "nope"))
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"rocmforge env: error: ROCM_PATH={tmp_path / 'nope'} does not exist; unset it or point it at a "
+        "ROCm install (e.g. /opt/rocm-7.2.0)"
+    ]
