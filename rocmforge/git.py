@@ -44,8 +44,12 @@ def run(
 def last_line(text: str) -> str:
     """The line of git's stderr that says what went wrong (its last error, else its last line)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
-    return (errors or lines or ["(no output)"])[-1]
+    errors = [i for i, ln in enumerate(lines) if ln.startswith(("fatal:", "error:"))]
+    if not errors:
+        return lines[-1] if lines else "(no output)"
+    i = errors[-1]
+    # "fatal: unable to connect to host:" puts the reason on the next line.
+    return f"{lines[i]} {lines[i + 1]}" if lines[i].endswith(":") and i + 1 < len(lines) else lines[i]
 
 
 def is_work_tree(path: Path) -> bool:

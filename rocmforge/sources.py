@@ -272,10 +272,10 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
         )
         base_commit = _reusable_import(stamp_path, tree, src.sha256)
         staging = None
-        if base_commit is None:
-            staging = Path(tempfile.mkdtemp(prefix=f".{tree.name}.tmp-", dir=tree.parent))
-            base_commit = _import_archive(archive, staging, what=pkg.name)
         try:
+            if base_commit is None:
+                staging = Path(tempfile.mkdtemp(prefix=f".{tree.name}.tmp-", dir=tree.parent))
+                base_commit = _import_archive(archive, staging, what=pkg.name)
             plan = patchmod.dry_run(selected, {"": ((staging or tree) / ".git", base_commit)})
         except BaseException:
             if staging:
@@ -377,6 +377,28 @@ class _Repo:
     mirror: Path
     commit: str
     children: tuple[_Repo, ...] = ()
+
+
+def bundle_name(mirror: Path) -> str:
+    """File name of ``mirror``'s git bundle inside an export."""
+    return mirror.name.removesuffix(".git") + ".bundle"
+
+
+def git_repositories(cfg: Config, checkout: Checkout) -> list[tuple[str, str]]:
+    """(url, commit) of a git checkout's repository and of every submodule in it, recursively."""
+    src = cfg.package(checkout.package).source
+    found = []
+
+    def visit(url: str, commit: str) -> None:
+        found.append((url, commit))
+        if src.submodules:
+            for _path, sub_url, sub_commit in _submodules_of(
+                mirror_path(cfg.build.cache_dir, url), commit, url
+            ):
+                visit(sub_url, sub_commit)
+
+    visit(checkout.url, checkout.commit)
+    return found
 
 
 def _walk(repo: _Repo) -> Iterator[_Repo]:
@@ -588,7 +610,9 @@ def _fetch_commit(mirror: Path, commit: str, *, what: str) -> None:
     if _has_commit(mirror, commit):
         return
     console.print(f"{what}: fetching {commit[:12]} (shallow)")
-    proc = _remote(["fetch", "-q", "--depth", "1", "origin", commit], git_dir=mirror, what=what)
+    proc = _remote(
+        ["fetch", "-q", "--no-write-fetch-head", "--depth", "1", "origin", commit], git_dir=mirror, what=what
+    )
     if proc.returncode != 0:
         console.print(
             f"{what}: the server refused a fetch by id ({git.last_line(proc.stderr)}); fetching all refs"
@@ -599,7 +623,15 @@ def _fetch_commit(mirror: Path, commit: str, *, what: str) -> None:
 def _fetch_all(mirror: Path, *, what: str) -> None:
     shallow = ["--unshallow"] if (mirror / "shallow").exists() else []
     proc = _remote(
-        ["fetch", "-q", *shallow, "origin", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
+        [
+            "fetch",
+            "-q",
+            "--no-write-fetch-head",
+            *shallow,
+            "origin",
+            "+refs/heads/*:refs/heads/*",
+            "+refs/tags/*:refs/tags/*",
+        ],
         git_dir=mirror,
         what=what,
     )
@@ -619,7 +651,9 @@ def _check_on_branch(mirror: Path, commit: str, branch: str, *, what: str, url: 
         if extra is None:
             extra = ["--unshallow"] if (mirror / "shallow").exists() else []
         proc = _remote(
-            ["fetch", "-q", *extra, "origin", f"+refs/heads/{branch}:{ref}"], git_dir=mirror, what=what
+            ["fetch", "-q", "--no-write-fetch-head", *extra, "origin", f"+refs/heads/{branch}:{ref}"],
+            git_dir=mirror,
+            what=what,
         )
         if proc.returncode != 0:
             raise UserError(f"{what}: fetch of branch {branch!r} failed: {git.last_line(proc.stderr)}")
@@ -680,7 +714,7 @@ def _reset(where: Path, commit: str) -> None:
 
 def import_bundle(bundle: Path, mirror: Path, url: str) -> None:
     """Fetch ``url``'s objects from an export (``nox -s export``) into ``mirror``."""
-    src = bundle / "git" / mirror.name.replace(".git", ".bundle")
+    src = bundle / "git" / bundle_name(mirror)
     if not src.is_file():
         return
     shallow = src.with_suffix(".shallow")
@@ -690,7 +724,10 @@ def import_bundle(bundle: Path, mirror: Path, url: str) -> None:
         atomic_write(
             mirror / "shallow", "".join(f"{c}\n" for c in sorted({*have, *shallow.read_text().split()}))
         )
-    git.run(["fetch", "-q", str(src), "+refs/rocmforge/*:refs/rocmforge/*"], git_dir=mirror)
+    git.run(
+        ["fetch", "-q", "--no-write-fetch-head", str(src), "+refs/rocmforge/*:refs/rocmforge/*"],
+        git_dir=mirror,
+    )
     pins = {
         **(_read_json(src.with_suffix(".pins.json")) or {}),
         **(_read_json(mirror.with_suffix(".pins.json")) or {}),
