@@ -1,0 +1,1171 @@
+"""``python -m rocmforge diagnose LOG``: the cause of a failed build or run, and the fix.
+
+A failed PyTorch build log runs to tens of thousands of lines: parallel jobs interleave, tools
+colour their output, progress bars redraw one line with ``\\r``, and the first real error is
+followed by a cascade of consequences (``ninja: build stopped``, ``make: *** Error 1``,
+``Failed building wheel``). This module reads the log once, as a stream, and:
+
+1. cleans each line (ANSI colours removed, ``\\r`` redraws reduced to what the terminal showed)
+   while keeping the file's own line numbers, so ``sed -n 1234p LOG`` shows the evidence;
+2. matches *signals*: patterns for one phenomenon each (a compiler killed by the kernel, a
+   linker that cannot find ``-lX``, a CMake package that is not found), each voting for one
+   category with a weight and capturing what it names (the library, the arch, the program);
+3. collects *facts* about the whole log (compilers and versions, ROCm version, the torch
+   version, whether pip built in an isolated environment, ``MAX_JOBS``);
+4. weighs the votes, then lets the facts change the reading where a ROCm engineer would
+   (``CUDA_HOME is not set`` inside pip's isolated environment with a non-ROCm torch means
+   the isolation pulled the wrong torch, not that the project needs CUDA);
+5. writes a hint from what the log names, pointing at the lines.
+
+Follow-up lines are recognised as such and never chosen as evidence. The categories and what
+each means are defined in ``docs/diagnose.md``; ``retry_plan`` turns the two mechanical ones
+into a changed build environment when the user enabled that in ``build.retry``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import io
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rocmforge.errors import UserError
+
+if TYPE_CHECKING:
+    from rocmforge.config import Config
+
+CATEGORIES = (
+    "arch_not_specified",
+    "arch_unsupported",
+    "arch_mismatch",
+    "compiler_version",
+    "compiler_crash",
+    "oom_compiler",
+    "cmake_hip_not_found",
+    "missing_library_link",
+    "link_flags",
+    "missing_library_runtime",
+    "version_mismatch",
+    "build_isolation_torch",
+    "cuda_check_on_rocm",
+    "hipify",
+    "network_fetch",
+    "no_gpu_visible",
+    "device_permission",
+    "unknown",
+)
+# Categories whose fix is mechanical and safe enough to retry automatically (``build.retry``).
+RETRYABLE = ("compiler_crash", "oom_compiler")
+
+# Below this score nothing in the log is a known failure: the category is ``unknown``.
+MIN_SCORE = 5.0
+MAX_EVIDENCE = 5
+_MAX_LINE = 4000  # characters of one line looked at; minified blobs are not evidence
+_MAX_HITS_PER_SIGNAL = 3
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One line of the log (1-based, as ``sed -n Np`` counts) that supports the diagnosis."""
+
+    line: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What failed (one of ``CATEGORIES``), what to do about it, and the lines that show it."""
+
+    category: str
+    hint: str
+    evidence: tuple[Evidence, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form: ``{"category", "hint", "evidence": [{"line", "text"}]}``."""
+        return {
+            "category": self.category,
+            "hint": self.hint,
+            "evidence": [{"line": e.line, "text": e.text} for e in self.evidence],
+        }
+
+
+# --- reading --------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# What parallel builds, CI systems and containers put in front of a tool's own output:
+# timestamps, docker build step timers, nix/bazel package prefixes, sub-project labels.
+_PREFIX = re.compile(
+    r"^(?:\s*(?:\d{4}-\d\d-\d\dT[\d:.,]+Z?|\d\d:\d\d:\d\d(?:[.,]\d+)?|#\d+ \d+\.\d+|\d+\.\d+(?= )"
+    r"|[\w.+-]+> |\[[\w .:+/-]{1,40}\](?::)?(?= ))\s*)+"
+)
+
+
+def iter_lines(stream: Iterable[bytes | str]) -> Iterator[tuple[int, str]]:
+    """``(line number, cleaned text)`` for each line of a log, read as a stream.
+
+    Colours are removed; a line that a progress bar redrew with ``\\r`` becomes what the
+    terminal last showed (the text after the last ``\\r``). Numbers count ``\\n`` lines of
+    the file, so they match ``sed``/editors even when the file has progress redraws.
+    """
+    for number, raw in enumerate(stream, 1):
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        text = text.rstrip("\n")
+        if text.endswith("\r"):
+            text = text[:-1]
+        if "\r" in text:
+            text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        yield number, text[:_MAX_LINE]
+
+
+def body(line: str) -> str:
+    """The tool's own text of a log line, without timestamps and job/package prefixes."""
+    return _PREFIX.sub("", line, count=1).strip()
+
+
+# --- signals --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One phenomenon a log line can show, the category it points to, and how strongly.
+
+    Named groups in ``pattern`` (``lib``, ``arch``, ``prog``, ``pkg``, ``header``, ``symbol``,
+    ``url``, ``var``, ``version``) are captured as details for the hint. ``unless`` is a
+    pattern that, on the same line, means something else is going on.
+    """
+
+    name: str
+    category: str
+    weight: float
+    pattern: re.Pattern[str]
+    unless: re.Pattern[str] | None = None
+
+
+def _sig(name: str, category: str, weight: float, pattern: str, unless: str | None = None) -> Signal:
+    return Signal(name, category, weight, re.compile(pattern), re.compile(unless) if unless else None)
+
+
+_PROG = (
+    r"(?P<prog>cc1plus|cc1|cicc|clang\+\+|clang(?:-\d+)?|g\+\+|gcc|c\+\+|hipcc|nvcc|icpx|ld(?:\.lld)?|lld)"
+)
+_SO = r"(?P<lib>lib[\w.+-]*?\.so(?:\.[\d.]+)?)"
+_CUDA_HEADERS = (
+    r"cuda_runtime(?:_api)?\.h|cuda\.h|cuda_fp16\.h|cuda_bf16\.h|cublas(?:_v2|Lt)?\.h|"
+    r"cusparse\.h|curand(?:_kernel)?\.h|cudnn\.h|cub/\S+|thrust/system/cuda/\S+|nccl\.h"
+)
+
+SIGNALS: tuple[Signal, ...] = (
+    # -- the target GPU was never chosen
+    _sig("no-arch-pytorch", "arch_not_specified", 10, r"No GPU arch specified for ROCm build"),
+    _sig(
+        "targets-unset-detect-failed",
+        "arch_not_specified",
+        8,
+        r"(?P<var>GPU_TARGETS|AMDGPU_TARGETS) was not set, and system GPU detection was unsucc",
+    ),
+    _sig(
+        "agent-detector-failed",
+        "arch_not_specified",
+        9,
+        r"ROCm agent detector failed|rocm_agent_enumerator.*(?:fail|error)",
+    ),
+    _sig(
+        "gpu-targets-not-found",
+        "arch_not_specified",
+        8,
+        r"GPU targets not found|GPU_TARGETS resol\w* to empty",
+    ),
+    _sig("gpu-targets-empty", "arch_not_specified", 4, r"-+\s*(?P<var>GPU_TARGETS|AMDGPU_TARGETS):\s*$"),
+    _sig("auto-processor", "arch_not_specified", 6, r"'auto' is not a recognized processor"),
+    _sig("gfx000", "arch_not_specified", 5, r"^\s*gfx000\s*$"),
+    # -- a target was chosen that the compiler or library does not know
+    _sig(
+        "unsupported-gpu-arch",
+        "arch_unsupported",
+        10,
+        r"[Uu]nsupported (?:HIP|CUDA|AMDGPU) gpu architecture:? '?(?P<arch>[\w:+-]+)",
+    ),
+    _sig("invalid-target-id", "arch_unsupported", 10, r"invalid target ID '(?P<arch>[^']+)'"),
+    _sig(
+        "unrecognized-processor",
+        "arch_unsupported",
+        7,
+        r"'(?P<arch>gfx[\w-]+)' is not a recognized processor",
+    ),
+    _sig("fp8-format-mix", "arch_unsupported", 7, r"Target architectures support different types of FP8"),
+    _sig(
+        "unsupported-architecture",
+        "arch_unsupported",
+        6,
+        r"on an unsupported architecture|architecture (?:is )?not supported",
+    ),
+    _sig(
+        "not-in-supported-archs",
+        "arch_unsupported",
+        6,
+        r"not in (?:the )?(?:list of )?(?:HIP_SUPPORTED_ARCHS|supported arch)",
+    ),
+    # -- code objects for another GPU than the one running
+    _sig(
+        "no-binary-for-gpu",
+        "arch_mismatch",
+        10,
+        r"hipErrorNoBinaryForGpu|find (?:a )?(?:code object|binary) for (?:all )?current devices",
+    ),
+    _sig(
+        "invalid-device-function",
+        "arch_mismatch",
+        9,
+        r"invalid device function|hipErrorInvalidDeviceFunction",
+    ),
+    _sig(
+        "invalid-image",
+        "arch_mismatch",
+        8,
+        r"hipErrorInvalidImage|No compatible code objects found|no kernel image is available",
+    ),
+    # -- the host compiler is too old or too new for the code
+    _sig(
+        "unsupported-gnu",
+        "compiler_version",
+        10,
+        r"unsupported GNU version! gcc versions later than (?P<version>\d+)",
+    ),
+    _sig(
+        "needs-cxx17",
+        "compiler_version",
+        9,
+        r"C\+\+(?P<version>1[47]|2[03]) or later compatible compiler is required",
+    ),
+    _sig(
+        "requires-gcc",
+        "compiler_version",
+        9,
+        r"(?:requires?|needs?|at least)\s+(?:a\s+)?(?P<prog>GCC|gcc|g\+\+|[Cc]lang)\s*(?:version\s*)?"
+        r"(?:>=|>|of at least|version)?\s*(?P<version>\d+(?:\.\d+)*)",
+    ),
+    _sig(
+        "compiler-too-old",
+        "compiler_version",
+        9,
+        r"(?P<prog>GCC|gcc|[Cc]lang|compiler) (?:version )?(?:[\d.]+ )?(?:is )?too old|"
+        r"minimum (?:required )?(?:GCC|gcc) version",
+    ),
+    _sig("truncsfbf2", "compiler_version", 10, r"__truncsfbf2|__extendbfsf2"),
+    _sig(
+        "unknown-std",
+        "compiler_version",
+        8,
+        r"unrecognized command[- ]line option '-std=(?P<version>[\w+]+)'",
+    ),
+    # -- the compiler itself failed (not for lack of memory)
+    _sig(
+        "ice",
+        "compiler_crash",
+        8,
+        r"internal compiler error",
+        unless=r"internal compiler error: Killed|Killed \(program|Killed signal",
+    ),
+    _sig(
+        "frontend-crash", "compiler_crash", 8, r"frontend command failed (?:due to signal|with exit code 70)"
+    ),
+    _sig(
+        "command-failed-signal", "compiler_crash", 7, r"(?:link|lld|llc|opt|as) command failed due to signal"
+    ),
+    _sig("exec-aborted", "compiler_crash", 7, r"unable to execute command: (?:Aborted|Segmentation fault)"),
+    _sig(
+        "submit-bug-report",
+        "compiler_crash",
+        5,
+        r"PLEASE submit a bug report|Please submit a full bug report",
+    ),
+    _sig("stack-dump", "compiler_crash", 4, r"^Stack dump:|llvm::sys::PrintStackTrace|Running pass '"),
+    _sig(
+        "compiler-backtrace",
+        "compiler_crash",
+        6,
+        r"#\d+ 0x[0-9a-f]+ .*\((?:\S*/)?(?:clang(?:\+\+)?(?:-\d+)?|llc|opt|lld|ld\.lld|cc1plus)\+0x",
+    ),
+    _sig("llvm-error", "compiler_crash", 6, r"LLVM ERROR: (?!out of memory)"),
+    _sig(
+        "compiler-segfault",
+        "compiler_crash",
+        6,
+        r"Segmentation fault.*(?:llc|clang|cc1|opt)\b|(?:llc|clang|cc1plus)\b.*Segmentation fault",
+    ),
+    # -- the compiler ran out of memory or was killed by the kernel's OOM killer
+    _sig("killed-signal", "oom_compiler", 12, r"Killed signal terminated program " + _PROG),
+    _sig("ice-killed", "oom_compiler", 12, r"[Ii]nternal (?:compiler )?error: Killed \(program " + _PROG),
+    _sig("out-of-memory-allocating", "oom_compiler", 12, _PROG + r"?(?:\.exe)?:? out of memory allocating"),
+    _sig("vm-exhausted", "oom_compiler", 12, r"virtual memory exhausted"),
+    _sig("llvm-oom", "oom_compiler", 12, r"LLVM ERROR: out of memory"),
+    _sig(
+        "signal-9",
+        "oom_compiler",
+        11,
+        r"(?:died|terminated|killed) (?:due to|with|by) signal 9|unable to execute command: Killed",
+    ),
+    _sig(
+        "cannot-allocate", "oom_compiler", 5, r"Cannot allocate memory|std::bad_alloc", unless=r"/dev/kfd|kfd"
+    ),
+    _sig(
+        "oom-killer", "oom_compiler", 8, r"Out of memory: Killed process \d+ \((?P<prog>[\w+.-]+)\)|oom-kill"
+    ),
+    # -- the build could not find the HIP/ROCm installation
+    _sig(
+        "cmake-package-config",
+        "cmake_hip_not_found",
+        10,
+        r'package configuration file provided by\s+"(?P<pkg>hip|HIP|hip-lang|hipcub|rocprim|rocblas|'
+        r"hipblas\w*|miopen|rocm\w*|amd_comgr|hsa-runtime64|rccl|hiprand|rocrand|composable_kernel)\"",
+    ),
+    _sig(
+        "cmake-config-version",
+        "cmake_hip_not_found",
+        9,
+        r'Could not find a configuration file for package "(?P<pkg>hip|HIP)"',
+    ),
+    _sig("could-not-find-hip", "cmake_hip_not_found", 9, r"Could NOT find (?P<pkg>HIP|hip|ROCM|ROCm)\b"),
+    _sig(
+        "cannot-find-hip-runtime",
+        "cmake_hip_not_found",
+        10,
+        r"cannot find HIP runtime|cannot find ROCm device librar",
+    ),
+    _sig(
+        "hip-path-unset",
+        "cmake_hip_not_found",
+        6,
+        r"(?P<var>HIP_PATH|ROCM_PATH|ROCM_HOME) (?:is )?not (?:set|found)",
+    ),
+    # -- the linker cannot find a library named on its command line
+    _sig(
+        "cannot-find-l",
+        "missing_library_link",
+        10,
+        r"(?:cannot find|unable to find library) -l(?P<lib>[\w.+-]+)",
+    ),
+    _sig("needed-by-not-found", "missing_library_link", 10, _SO + r", needed by (?P<symbol>\S+), not found"),
+    _sig("no-rule-so", "missing_library_link", 8, r"No rule to make target '(?P<lib>[^']+\.so[\d.]*)'"),
+    _sig(
+        "cmake-lib-notfound",
+        "missing_library_link",
+        8,
+        r"NOTFOUND\.?\s+(?P<var>\w+_LIBRARY\w*) linked by target",
+    ),
+    # -- linking failed because of how it was asked to link
+    _sig("fpic", "link_flags", 10, r"recompile with -fPIC"),
+    _sig("dso-missing", "link_flags", 10, r"DSO missing from command line"),
+    _sig(
+        "cxx11-abi",
+        "link_flags",
+        9,
+        r"undefined (?:reference|symbol).*(?:std::__cxx11|\[abi:cxx11\]|_GLIBCXX_USE_CXX11_ABI)",
+    ),
+    _sig(
+        "hip-fatbin",
+        "link_flags",
+        10,
+        r"undefined (?:reference|hidden symbol|symbol).*__hip_fatbin|undefined hidden symbol",
+    ),
+    _sig(
+        "undefined-hip-symbol", "link_flags", 7, r"ld(?:\.lld)?: error: undefined symbol: (?P<symbol>hip\w+)"
+    ),
+    _sig("empty-L", "link_flags", 6, r"\s-L\s+-l\w"),
+    _sig("undefined-reference", "link_flags", 3, r"undefined reference to [`'](?P<symbol>[^'`]+)"),
+    # -- a program started but the dynamic loader cannot find a shared library
+    _sig(
+        "loader-cannot-open", "missing_library_runtime", 10, r"error while loading shared libraries: " + _SO
+    ),
+    _sig("cannot-open-so", "missing_library_runtime", 9, _SO + r": cannot open shared object file"),
+    _sig("could-not-load-dso", "missing_library_runtime", 8, r"Could not load (?:dynamic )?library '" + _SO),
+    _sig(
+        "glibcxx-not-found",
+        "missing_library_runtime",
+        8,
+        r"version [`'](?P<symbol>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",
+    ),
+    # -- parts built against one version and run with another
+    _sig(
+        "import-undefined-symbol",
+        "version_mismatch",
+        9,
+        r"(?:\.so[\d.]*|Error): undefined symbol: (?P<symbol>\w+)",
+        unless=r"ld(?:\.lld)?: error",
+    ),
+    _sig(
+        "numpy-abi",
+        "version_mismatch",
+        10,
+        r"module compiled against API version (?P<version>\w+) but this version of numpy is",
+    ),
+    _sig(
+        "numpy-multiarray", "version_mismatch", 6, r"numpy\.core\.(?:_?multiarray|umath)\w* failed to import"
+    ),
+    _sig(
+        "pip-requirement-conflict",
+        "version_mismatch",
+        10,
+        r"has requirement (?P<pkg>[\w.-]+)[=<>!~]=?(?P<version>[\w.+]+)"
+        r".*but you(?:'ll)? have (?P<symbol>[\w.-]+ [\w.+]+)",
+    ),
+    _sig(
+        "cannot-import-name",
+        "version_mismatch",
+        8,
+        r"cannot import name '(?P<symbol>\w+)' from '(?P<pkg>(?:triton|torch|vllm|numpy)[\w.]*)'",
+    ),
+    _sig(
+        "lib-undefined-reference",
+        "version_mismatch",
+        6,
+        _SO + r": undefined reference to",
+        unless=r"std::__cxx11|abi:cxx11",
+    ),
+    _sig("extension-import-error", "version_mismatch", 5, r"ImportError: \S*\.cpython-\d+"),
+    _sig(
+        "version-mismatch-words",
+        "version_mismatch",
+        5,
+        r"version mismatch|incompatible (?:with|version)|which is incompatible",
+    ),
+    # -- pip's isolated build environment has the wrong torch (or none)
+    _sig("isolated-no-torch", "build_isolation_torch", 6, r"No module named '?torch'?"),
+    _sig(
+        "isolation-collects-torch",
+        "build_isolation_torch",
+        5,
+        r"^\s*(?:Collecting|Downloading|Using cached) torch"
+        r"(?:==(?P<version>[\w.+]+)|-(?P<v2>[\d.]+[\w.+]*)-)",
+    ),
+    _sig("isolated-no-rocm", "build_isolation_torch", 5, r"No ROCm runtime is found"),
+    # -- a build script that insists on CUDA on a ROCm machine
+    _sig(
+        "cuda-home-unset",
+        "cuda_check_on_rocm",
+        7,
+        r"CUDA_HOME (?:environment variable )?is not set|CUDA_HOME is None",
+    ),
+    _sig(
+        "nvcc-missing",
+        "cuda_check_on_rocm",
+        6,
+        r"nvcc (?:was )?not found|nvcc_bin|\[nvcc\w*, \"-V\"\]|get_cuda_version\(|No CUDA runtime is found",
+    ),
+    # -- CUDA sources reached the HIP compiler without being hipified
+    _sig(
+        "cuda-header-missing",
+        "hipify",
+        8,
+        r"[<'\"](?P<header>" + _CUDA_HEADERS + r")[>'\"]:? (?:file not found|No such file)",
+    ),
+    _sig(
+        "hipify-error", "hipify", 7, r"hipify\w*.*(?:[Ee]rror|failed|Traceback)|(?:[Ee]rror|failed).*hipify"
+    ),
+    _sig(
+        "undeclared-cuda",
+        "hipify",
+        7,
+        r"use of undeclared identifier '(?P<symbol>cuda\w+|cublas\w+|__nv\w+)'",
+    ),
+    # -- a download or clone failed
+    _sig(
+        "resolve-host",
+        "network_fetch",
+        10,
+        r"Could not resolve host:? (?P<url>[\w.-]+)|Temporary failure in name resolution|"
+        r"Name or service not known",
+    ),
+    _sig(
+        "new-connection",
+        "network_fetch",
+        9,
+        r"Failed to establish a new connection|Connection (?:timed out|refused|reset)|Network is unreachable",
+    ),
+    _sig(
+        "remote-closed",
+        "network_fetch",
+        8,
+        r"Remote end closed connection|remote end hung up unexpectedly|RPC failed|early EOF",
+    ),
+    _sig(
+        "http-error",
+        "network_fetch",
+        8,
+        r"HTTP Error (?P<version>\d{3})|HTTP (?:status )?code (?P<v2>[45]\d\d)|"
+        r"\b(?:40[34]|50[0234]) (?:Not Found|Forbidden)",
+    ),
+    _sig("unable-to-access", "network_fetch", 9, r"fatal: unable to access '(?P<url>[^']+)'"),
+    _sig(
+        "clone-failed",
+        "network_fetch",
+        7,
+        r"Clone of '(?P<url>[^']+)' into submodule path .* failed|fatal: clone of",
+    ),
+    _sig(
+        "urlerror",
+        "network_fetch",
+        7,
+        r"urllib\.error\.URLError|URLError|in do_open|ssl\.SSLError|CERTIFICATE_VERIFY_FAILED",
+    ),
+    _sig("downloading", "network_fetch", 2, r"downloading (?:and extracting )?(?P<url>https?://\S+)"),
+    _sig("from-versions-none", "network_fetch", 4, r"\(from versions: none\)"),
+    # -- no GPU is visible to the ROCm runtime
+    _sig(
+        "no-hip-gpus",
+        "no_gpu_visible",
+        10,
+        r"No HIP GPUs are available|hipErrorNoDevice|no ROCm-capable device is detected",
+    ),
+    _sig("rock-not-loaded", "no_gpu_visible", 9, r"ROCk module is NOT loaded"),
+    _sig("kfd-not-supported", "no_gpu_visible", 9, r"kfd not supported|not supported in kfd"),
+    _sig(
+        "kfd-absent",
+        "no_gpu_visible",
+        9,
+        r"/dev/kfd\"?:? (?:no such file|No such file|not found|does not exist)",
+    ),
+    _sig("kfd-enomem", "no_gpu_visible", 7, r"/dev/kfd.*(?:Cannot allocate memory|ENOMEM)"),
+    _sig("hsa-out-of-resources", "no_gpu_visible", 5, r"HSA_STATUS_ERROR_OUT_OF_RESOURCES"),
+    _sig(
+        "gpu-count-zero",
+        "no_gpu_visible",
+        5,
+        r"GPU count:\s*0\b|device count[: =]+0\b|Failed to get device count",
+    ),
+    # -- the GPU device nodes exist but this user may not open them
+    _sig(
+        "kfd-permission",
+        "device_permission",
+        10,
+        r"/dev/(?:kfd|dri/\S+).*(?:Permission denied|Operation not permitted)",
+    ),
+    _sig(
+        "kfd-open-failed",
+        "device_permission",
+        6,
+        r"Unable to open /dev/kfd",
+        unless=r"Cannot allocate memory",
+    ),
+    _sig(
+        "not-in-group",
+        "device_permission",
+        8,
+        r"(?:is )?not (?:a )?member of (?:the )?(?P<pkg>render|video) group",
+    ),
+    _sig("kfd-root-only", "device_permission", 8, r"^c[rw-]{3}------\S*\s+\d+\s+root\s+root\s.*kfd"),
+)
+
+# Consequences of an earlier failure: they end the log but are never its cause.
+_FOLLOW_UP = re.compile(
+    r"ninja: build stopped|^make(?:\[\d+\])?: \*\*\*|^gmake(?:\[\d+\])?: \*\*\*|collect2: error: ld returned|"
+    r"linker command failed with exit code|error: subprocess-exited-with-error|Failed (?:building|to build)|"
+    r"Could not build wheels|Configuring incomplete|^compilation terminated|Waiting for unfinished jobs|"
+    r"This error originates from a subprocess|Died at .*hipcc|^FAILED: |recipe for target .* failed|"
+    r"did not run successfully|^\s*exit code: \d+|^Error generating\b|"
+    r"^CMake Error at \S+\.cmake:\d+ \(message\):$|"
+    r"A failure occurred in|Aborting\.\.\.|returned a non-zero code|^\*\*\* CMake configuration failed"
+)
+# A line that reports some error; used to point at something when no signal matched.
+_ANY_ERROR = re.compile(r"\b(?:error|ERROR|Error|FAILED|fatal|Traceback|Exception)\b|\w+Error: ")
+
+# Facts about the whole log that change how a signal is read.
+_FACTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern))
+    for name, pattern in (
+        (
+            "isolated",
+            r"/pip-build-env-|Installing build dependencies|get_requires_for_build_wheel|"
+            r"pip subprocess to install build dependencies|\.cache/uv/builds-v",
+        ),
+        (
+            "rocm",
+            r"hipcc|/opt/rocm|\bgfx\d{3,4}|torch_hip|\+rocm\d|HIP VERSION|amdgcn|ROCM_HOME|--variant rocm|"
+            r"hip_runtime|\.hip\b|HIP_PLATFORM|rocm-\d|ROCm \d",
+        ),
+        ("runtime", r"Traceback \(most recent call last\)|^>>> |RuntimeError: |import torch"),
+        ("cuda_torch", r"torch\S*\+cu\d+|torch\.version\.hip (?:is )?None|^\s*None\s+\d+\.\d+\s*$"),
+    )
+)
+_COMPILER_ID = re.compile(
+    r"The (?:C|CXX|HIP) compiler identification is (?P<name>GNU|Clang|AppleClang) (?P<version>[\d.]+)|"
+    r"^(?P<name2>gcc|g\+\+|cc|c\+\+)(?:-\d+)? \([^)]*\) (?P<version2>\d+\.\d+\.\d+)|"
+    r"(?P<name3>AMD clang|clang) version (?P<version3>\d+[\d.]*)|"
+    r"GCC version: \([^)]*\) (?P<version4>[\d.]+)|C\+\+ compiler version\s*:\s*(?P<version5>[\d.]+)"
+)
+_ROCM_VERSION = re.compile(
+    r"/opt/rocm-(?P<v>\d+\.\d+(?:\.\d+)?)|\+rocm(?P<v2>\d+\.\d+(?:\.\d+)?)|HIP VERSION: (?P<v3>\d+\.\d+)|"
+    r"ROCM_VERSION_DEV: (?P<v4>[\d.]+)|ROCm (?:Version )?(?P<v5>\d+\.\d+(?:\.\d+)?)"
+)
+_TORCH_VERSION = re.compile(
+    r"torch(?:==|\.__version__\s*=\s*|-)(?P<v>\d+\.\d+(?:\.\d+)?(?:[\w.]*\+[\w.]+|\.dev\w+|a0\+\w+)?)"
+)
+_JOBS = re.compile(
+    r"MAX_JOBS=(?P<n>\d+)|cmake --build .* (?:-j|--parallel)\s*(?P<n2>\d+)|\bninja .*-j\s*(?P<n3>\d+)"
+)
+_ARCH = re.compile(r"\bgfx(?:\d{3,4}|9[0-4][0-9a-c]|90[ac])[a-z0-9]*\b")
+
+
+@dataclass
+class _Hit:
+    signal: Signal
+    line: int
+    text: str
+    details: dict[str, str]
+
+
+@dataclass
+class _Reading:
+    """What one pass over a log found: signal hits and whole-log facts."""
+
+    hits: dict[str, list[_Hit]] = field(default_factory=dict)  # signal name -> first hits
+    counts: dict[str, int] = field(default_factory=dict)  # signal name -> all hits
+    facts: set[str] = field(default_factory=set)
+    compilers: dict[str, str] = field(default_factory=dict)  # "gcc"/"clang" -> version
+    rocm_version: str | None = None
+    torch_version: str | None = None
+    jobs: str | None = None
+    archs: list[str] = field(default_factory=list)
+    first_error: tuple[int, str] | None = None
+    first_follow_up: tuple[int, str] | None = None
+    lines: int = 0
+
+    def add_hit(self, sig: Signal, number: int, text: str, m: re.Match[str]) -> None:
+        self.counts[sig.name] = self.counts.get(sig.name, 0) + 1
+        hits = self.hits.setdefault(sig.name, [])
+        if len(hits) < _MAX_HITS_PER_SIGNAL:
+            details = {k.rstrip("2"): v for k, v in m.groupdict().items() if v}
+            hits.append(_Hit(sig, number, text, details))
+
+    def note_facts(self, text: str) -> None:
+        for name, pattern in _FACTS:
+            if name not in self.facts and pattern.search(text):
+                self.facts.add(name)
+        if (m := _COMPILER_ID.search(text)) is not None:
+            name = m.group("name") or m.group("name2") or m.group("name3") or "GNU"
+            version = next(v for k, v in m.groupdict().items() if k.startswith("version") and v)
+            kind = "clang" if "lang" in name else "gcc"
+            self.compilers.setdefault(kind, version)
+        if self.rocm_version is None and (m := _ROCM_VERSION.search(text)) is not None:
+            self.rocm_version = next(v for v in m.groups() if v)
+        if self.torch_version is None and (m := _TORCH_VERSION.search(text)) is not None:
+            self.torch_version = m.group("v")
+        if (m := _JOBS.search(text)) is not None:
+            self.jobs = next(v for v in m.groups() if v)
+        if len(self.archs) < 16:
+            for arch in _ARCH.findall(text):
+                if arch not in self.archs:
+                    self.archs.append(arch)
+
+
+# A cheap first test: only lines containing one of these words can match any signal or fact,
+# which keeps 50,000-line logs fast (most lines are "[123/5000] Building CXX object ...").
+_TRIGGER = re.compile(
+    r"(?i)error|fail|fatal|killed|signal|memory|abort|segmentation|bug report|stack dump|running pass|"
+    r"not found|not set|no such|cannot|unable|unsupported|invalid|undefined|recompile|not supported|"
+    r"no module|import|version|compiler|gcc|clang|hip|rocm|gfx|cuda|nvcc|torch|numpy|triton|"
+    r"collecting|downloading|using cached|connection|resolve|http|clone|kfd|/dev/dri|member of|"
+    r"targets|auto|dso|jobs|permission|not permitted|render|video|\bnone\b|requirement|incompatible|"
+    r"mismatch|architecture|package configuration|crw|stacktrace|\+0x"
+)
+
+
+def read_log(lines: Iterable[tuple[int, str]]) -> _Reading:
+    """One pass over numbered, cleaned lines: every signal hit and the whole-log facts."""
+    reading = _Reading()
+    for number, text in lines:
+        reading.lines = number
+        if not _TRIGGER.search(text):
+            continue
+        core = body(text)
+        reading.note_facts(core)
+        follow_up = _FOLLOW_UP.search(core) is not None
+        if follow_up:
+            if reading.first_follow_up is None:
+                reading.first_follow_up = (number, text)
+            continue
+        matched = False
+        for sig in SIGNALS:
+            m = sig.pattern.search(core)
+            if m is not None and not (sig.unless and sig.unless.search(core)):
+                reading.add_hit(sig, number, text, m)
+                matched = True
+        if not matched and reading.first_error is None and _ANY_ERROR.search(core):
+            reading.first_error = (number, text)
+    return reading
+
+
+# --- weighing -------------------------------------------------------------------------------
+
+
+def _scores(reading: _Reading) -> dict[str, float]:
+    """Each category's weight of evidence: its strongest signal, plus half of the others.
+
+    A signal counts once however often it repeats (parallel jobs repeat the same error), with
+    a small bonus for repetition so that a failure seen in many jobs outweighs a stray line.
+    """
+    by_category: dict[str, list[float]] = {}
+    for name, hits in reading.hits.items():
+        sig = hits[0].signal
+        weight = sig.weight + min(1.0, math.log10(reading.counts[name]))
+        by_category.setdefault(sig.category, []).append(weight)
+    return {cat: max(ws) + 0.5 * (sum(ws) - max(ws)) for cat, ws in by_category.items()}
+
+
+def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
+    """Change the reading where the whole log says what a line alone cannot.
+
+    Returns ``{category: why}`` for categories that gained weight from the facts, so the hint
+    can say why.
+    """
+    facts = reading.facts
+    has = reading.hits.__contains__
+    why: dict[str, str] = {}
+
+    def move(src: str, dst: str, bonus: float, reason: str) -> None:
+        scores[dst] = scores.get(dst, 0.0) + scores.pop(src, 0.0) + bonus
+        why[dst] = reason
+
+    oom_kill = any(
+        has(n)
+        for n in (
+            "killed-signal",
+            "ice-killed",
+            "signal-9",
+            "vm-exhausted",
+            "out-of-memory-allocating",
+            "llvm-oom",
+            "oom-killer",
+        )
+    )
+    if oom_kill and "compiler_crash" in scores:
+        # A compiler killed for memory prints a crash banner too; the kill is the cause.
+        move("compiler_crash", "oom_compiler", 0.0, "the compiler was killed for lack of memory")
+
+    isolated_torch = "isolated" in facts and (
+        has("isolated-no-torch")
+        or has("isolation-collects-torch")
+        or has("isolated-no-rocm")
+        or "cuda_torch" in facts
+    )
+    if isolated_torch:
+        # pip built in a throwaway environment: the torch there is PyPI's (CUDA/CPU) or none,
+        # so "CUDA_HOME is not set" and "no module named torch" are symptoms of the isolation.
+        scores["build_isolation_torch"] = scores.get("build_isolation_torch", 0.0) + 6.0
+        if "cuda_check_on_rocm" in scores:
+            move(
+                "cuda_check_on_rocm",
+                "build_isolation_torch",
+                0.0,
+                "pip's isolated build env has no ROCm torch",
+            )
+        why.setdefault("build_isolation_torch", "pip built in an isolated environment")
+    elif "cuda_check_on_rocm" in scores and "rocm" in facts:
+        scores["cuda_check_on_rocm"] += 4.0
+        why["cuda_check_on_rocm"] = "the log shows a ROCm build"
+
+    if "hipify" in scores and "rocm" in facts:
+        scores["hipify"] += 3.0
+        why["hipify"] = "the failing compile is a HIP compile"
+
+    if "network_fetch" in scores and has("downloading") and len(reading.hits) > 1:
+        # "downloading X" right before an error makes that error the download's.
+        scores["network_fetch"] += 2.0
+
+    if "runtime" in facts and "no_gpu_visible" in scores and "arch_not_specified" in scores:
+        # "Failed to get device count" while running means no GPU, not a build without archs.
+        move("arch_not_specified", "no_gpu_visible", 0.0, "the error comes from a running program")
+    return why
+
+
+def _first_line(reading: _Reading, category: str) -> int:
+    return min(h.line for hits in reading.hits.values() for h in hits if h.signal.category == category)
+
+
+def diagnose_lines(lines: Iterable[tuple[int, str]]) -> Diagnosis:
+    """Diagnose numbered, cleaned log lines (see :func:`iter_lines`)."""
+    reading = read_log(lines)
+    scores = _scores(reading)
+    why = _reconsider(scores, reading)
+    ranked = sorted(
+        (cat for cat, s in scores.items() if s >= MIN_SCORE and cat in CATEGORIES),
+        key=lambda cat: (-scores[cat], _first_line(reading, cat) if _has_hits(reading, cat) else 0),
+    )
+    if not ranked:
+        return _unknown(reading)
+    category = ranked[0]
+    hits = _category_hits(reading, category) or _category_hits(reading, _source_of(category, reading))
+    evidence = tuple(Evidence(h.line, h.text.strip()[:300]) for h in hits[:MAX_EVIDENCE])
+    return Diagnosis(category, _hint(category, hits, reading, why.get(category)), evidence)
+
+
+def _has_hits(reading: _Reading, category: str) -> bool:
+    return any(hits[0].signal.category == category for hits in reading.hits.values())
+
+
+def _source_of(category: str, reading: _Reading) -> str:
+    """For a category that won only by a moved score, the category whose lines show it."""
+    for src in ("cuda_check_on_rocm", "compiler_crash", "arch_not_specified"):
+        if _has_hits(reading, src):
+            return src
+    return category
+
+
+def _category_hits(reading: _Reading, category: str) -> list[_Hit]:
+    """The category's lines, strongest signal first, then in log order; one line once."""
+    hits = [h for hs in reading.hits.values() for h in hs if h.signal.category == category]
+    hits.sort(key=lambda h: (-h.signal.weight, h.line))
+    seen: set[int] = set()
+    out = []
+    for h in hits:
+        if h.line not in seen:
+            seen.add(h.line)
+            out.append(h)
+    # The decisive line first, the rest in the order they appear in the log.
+    return out[:1] + sorted(out[1:], key=lambda h: h.line)
+
+
+def _unknown(reading: _Reading) -> Diagnosis:
+    at = reading.first_error or reading.first_follow_up
+    evidence = (Evidence(at[0], at[1].strip()[:300]),) if at else ()
+    where = f"line {at[0]}" if at else "the log"
+    hint = (
+        f"no known build or run failure recognised; the first error is at {where}. "
+        "Read the lines just above it; if it is a ROCm failure worth recognising, add the "
+        "excerpt to tests/data/diagnose/."
+    )
+    return Diagnosis("unknown", hint, evidence)
+
+
+def diagnose_text(text: str) -> Diagnosis:
+    """Diagnose a whole log given as one string."""
+    return diagnose_lines(iter_lines(io.StringIO(text)))
+
+
+def diagnose_file(path: str | os.PathLike[str]) -> Diagnosis:
+    """Diagnose a log file, streaming it (logs of millions of lines are fine)."""
+    try:
+        with open(path, "rb") as f:
+            return diagnose_lines(iter_lines(f))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such log file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory; give the log file (builds keep theirs in logs/)") from None
+
+
+# --- hints ----------------------------------------------------------------------------------
+
+
+def _detail(hits: list[_Hit], key: str) -> str | None:
+    return next((h.details[key] for h in hits if key in h.details), None)
+
+
+def _lines(hits: list[_Hit], n: int = 3) -> str:
+    numbers = sorted({h.line for h in hits})[:n]
+    return ("line " if len(numbers) == 1 else "lines ") + ", ".join(map(str, numbers))
+
+
+def _arch_advice(arch: str) -> str:
+    from rocmforge.arch import GENERIC_TARGETS, KNOWN_PROCESSORS, known_arch_names
+
+    name = arch.split(":")[0].lower()
+    if name.startswith("sm_") or name.startswith("compute_"):
+        return f"{arch!r} is a CUDA arch; ROCm needs gfx names such as gfx942 (`python -m rocmforge arch`)"
+    if name in KNOWN_PROCESSORS or name in GENERIC_TARGETS:
+        return (
+            f"{arch} is a real target that this compiler does not know: use a newer ROCm/clang, "
+            f"or drop {arch} from PYTORCH_ROCM_ARCH"
+        )
+    close = difflib.get_close_matches(name, known_arch_names(), n=2, cutoff=0.6)
+    guess = f"did you mean {' or '.join(close)}? " if close else ""
+    return f"{arch!r} is not an AMD GPU target; {guess}set PYTORCH_ROCM_ARCH to real ones, e.g. gfx942"
+
+
+def _compiler(reading: _Reading) -> str:
+    if not reading.compilers:
+        return "the compiler"
+    return " and ".join(f"{k} {v}" for k, v in reading.compilers.items())
+
+
+def _half(jobs: str | None) -> str:
+    return str(max(1, int(jobs) // 2)) if jobs and jobs.isdigit() else "half the cores"
+
+
+def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -> str:
+    """A fix that names what this log shows: the library, arch, compiler, variable; the lines."""
+    at = _lines(hits)
+    prog = _detail(hits, "prog")
+    lib = _detail(hits, "lib")
+    arch = _detail(hits, "arch")
+    pkg = _detail(hits, "pkg")
+    symbol = _detail(hits, "symbol")
+    var = _detail(hits, "var")
+    version = _detail(hits, "version")
+    rocm = f"ROCm {reading.rocm_version}" if reading.rocm_version else "ROCm"
+    because = f" ({why})" if why else ""
+    if category == "arch_not_specified":
+        what = var or "PYTORCH_ROCM_ARCH"
+        return (
+            f"the build never got a GPU target ({at}): with no GPU visible, auto-detection "
+            f"(rocm_agent_enumerator/amdgpu-arch) found nothing. Set PYTORCH_ROCM_ARCH (and "
+            f"{what} for plain CMake projects) explicitly, e.g. PYTORCH_ROCM_ARCH='gfx90a;gfx942', "
+            "or build.arch in build_config.toml"
+        )
+    if category == "arch_unsupported":
+        if arch:
+            return f"{at}: {_arch_advice(arch)}"
+        return (
+            f"{at}: a requested GPU target is not supported by this compiler or library; check "
+            f"PYTORCH_ROCM_ARCH against what {rocm} supports (`python -m rocmforge arch`)"
+        )
+    if category == "arch_mismatch":
+        built = f" (this log mentions {', '.join(reading.archs[:4])})" if reading.archs else ""
+        return (
+            f"{at}: the binaries have no code object for the GPU that is running{built}. Check the "
+            "GPU with `python -m rocmforge arch`, rebuild with that gfx in PYTORCH_ROCM_ARCH "
+            "after `rm -rf build/` (stale objects keep the old arch), and check the wheels with "
+            "`python -m rocmforge inspect`; HSA_OVERRIDE_GFX_VERSION only papers over it"
+        )
+    if category == "compiler_version":
+        have = _compiler(reading)
+        need = f" (the code asks for {prog or 'the compiler'} {version})" if version else ""
+        if _detail(hits, "symbol") is None and any(h.signal.name == "truncsfbf2" for h in hits):
+            need = " (__truncsfbf2 comes from libgcc of GCC >= 13)"
+        return (
+            f"{at}: {have} does not fit this source{need}. Install the required compiler "
+            "(e.g. gcc-13/g++-13), point CC/CXX at it, and pin it in the package's "
+            "[[packages.X.requires]] so `nox -s toolchain` checks it before the build"
+        )
+    if category == "compiler_crash":
+        return (
+            f"{prog or 'the compiler'} crashed ({at}) — a compiler bug, not your code. Retry the "
+            "failing file at -O2 (CFLAGS/CXXFLAGS -O3 -> -O2), or enable "
+            'build.retry = ["compiler_crash"] to do that automatically; if it persists, try '
+            f"another {rocm} compiler version and report the preprocessed source"
+        )
+    if category == "oom_compiler":
+        jobs = f" (MAX_JOBS={reading.jobs})" if reading.jobs else ""
+        return (
+            f"{prog or 'the compiler'} ran out of memory ({at}){jobs}{because}: too many parallel "
+            f"compile jobs for this RAM. Rerun with MAX_JOBS={_half(reading.jobs)} (HIP files need "
+            'several GB each), add swap, or enable build.retry = ["oom_compiler"] to halve the '
+            "jobs automatically"
+        )
+    if category == "cmake_hip_not_found":
+        name = pkg or "hip"
+        root = f"/opt/rocm-{reading.rocm_version}" if reading.rocm_version else "/opt/rocm"
+        return (
+            f"{at}: CMake/clang cannot find the {name} package of the ROCm install. Point the "
+            f"build at it: ROCM_PATH={root} HIP_PATH={root} CMAKE_PREFIX_PATH={root} (the "
+            f"{name}-config.cmake lives in {root}/lib/cmake/{name}); check that hipcc and the "
+            "libraries come from the same ROCm when several are installed"
+        )
+    if category == "missing_library_link":
+        name = lib or "the library"
+        stem = re.sub(r"^lib|\.so.*$", "", name)
+        return (
+            f"{at}: the linker cannot find lib{stem}. Install the package that ships it "
+            f"(for ROCm libraries the {stem}-dev / {stem} package of {rocm}) and add its directory "
+            "with -L (e.g. -L/opt/rocm/lib) or LIBRARY_PATH"
+        )
+    if category == "link_flags":
+        names = {h.signal.name for h in hits}
+        if "fpic" in names:
+            fix = (
+                "an object or static library was built without -fPIC; rebuild it with -fPIC "
+                "(CMAKE_POSITION_INDEPENDENT_CODE=ON)"
+            )
+        elif "cxx11-abi" in names:
+            fix = (
+                "objects disagree on _GLIBCXX_USE_CXX11_ABI; build everything with the value torch "
+                "uses (python -c 'import torch; print(torch._C._GLIBCXX_USE_CXX11_ABI)')"
+            )
+        elif "hip-fatbin" in names:
+            fix = (
+                "device code compiled with -fgpu-rdc must be linked by hipcc/clang with -fgpu-rdc --hip-link"
+            )
+        elif "dso-missing" in names:
+            fix = "a library used directly is only linked indirectly; add it to the link line explicitly"
+        elif "undefined-hip-symbol" in names or "empty-L" in names:
+            fix = (
+                "the HIP runtime is not on the link line (an empty -L swallowed -lamdhip64?); "
+                "add -L/opt/rocm/lib -lamdhip64"
+            )
+        else:
+            fix = (
+                f"the link is missing an object or library that defines {symbol or 'the symbol'}; "
+                "check link order and flags"
+            )
+        return f"{at}: {fix}"
+    if category == "missing_library_runtime":
+        name = lib or symbol or "a shared library"
+        if symbol and symbol.startswith(("GLIBCXX", "CXXABI")):
+            return (
+                f"{at}: the libstdc++ that was loaded is older than the one the code was built with "
+                f"({symbol}); a conda environment often shadows the system one — put the newer "
+                "libstdc++ first or remove the old one from the environment"
+            )
+        return (
+            f"{at}: {name} is not found when the program starts. If it is a ROCm library, add "
+            f"{rocm}'s lib directory to LD_LIBRARY_PATH (e.g. /opt/rocm/lib) or install the "
+            "package that ships it; check `ldd` on the failing .so"
+        )
+    if category == "version_mismatch":
+        if _detail(hits, "pkg") and any(h.signal.name == "pip-requirement-conflict" for h in hits):
+            return (
+                f"{at}: pip installed {symbol}, which the others do not accept ({pkg} {version} is "
+                "required); pin the exact pair"
+            )
+        if any(h.signal.name.startswith("numpy") for h in hits):
+            return (
+                f"{at}: an extension was built against another numpy; install the numpy it was "
+                "built with, or rebuild it"
+            )
+        what = f" ({symbol})" if symbol else ""
+        torch = f" torch {reading.torch_version}" if reading.torch_version else " torch"
+        return (
+            f"{at}: a compiled part was built against a different version than the one loaded{what}. "
+            f"Rebuild the extension against the installed{torch}/triton/ROCm (same commit pins; "
+            "`python -m rocmforge provenance` shows what each wheel was built with)"
+        )
+    if category == "build_isolation_torch":
+        torch = f" (it got torch {reading.torch_version})" if reading.torch_version else ""
+        return (
+            f"{at}: pip built the package in an isolated environment{because}{torch}, so the build "
+            "could not see the installed ROCm torch. Build with `pip install --no-build-isolation .` "
+            "(or `python -m build --wheel --no-isolation`) after installing the ROCm torch and the "
+            "build requirements yourself"
+        )
+    if category == "cuda_check_on_rocm":
+        torch = f" torch {reading.torch_version}" if reading.torch_version else " a ROCm torch"
+        return (
+            f"{at}: the build script asks for CUDA (CUDA_HOME/nvcc){because} although it runs with{torch}. "
+            "Use the project's ROCm path (e.g. VLLM_TARGET_DEVICE=rocm, the --variant rocm flag, or "
+            "ROCM_HOME=/opt/rocm) and check torch.version.hip is set in the build environment; "
+            "patch the check out only if the project has no ROCm path"
+        )
+    if category == "hipify":
+        header = _detail(hits, "header")
+        what = f"'{header}'" if header else "CUDA identifiers"
+        return (
+            f"{at}: {what} reached the HIP compiler, so the CUDA sources were not hipified. Run the "
+            "project's hipify step first (PyTorch: python tools/amd_build/build_amd.py; extensions: "
+            "torch.utils.hipify via BuildExtension) on a clean tree"
+        )
+    if category == "network_fetch":
+        url = _detail(hits, "url")
+        where = f" {url}" if url else ""
+        return (
+            f"{at}: a download or clone{where} failed during the build. On an air-gapped host, "
+            "provide it locally: prefetch sources with rocmforge, and for Triton set "
+            "TRITON_OFFLINE_BUILD=1 with LLVM_SYSPATH/JSON_SYSPATH; otherwise check the proxy/DNS"
+        )
+    if category == "no_gpu_visible":
+        return (
+            f"{at}: the ROCm runtime sees no usable GPU. Check `rocminfo`/`dmesg | grep kfd` "
+            "(driver loaded, GPU supported by KFD); in containers pass --device=/dev/kfd "
+            "--device=/dev/dri; check HIP_VISIBLE_DEVICES/ROCR_VISIBLE_DEVICES are not empty"
+        )
+    if category == "device_permission":
+        group = pkg or "render and video"
+        return (
+            f"{at}: this user may not open the GPU device nodes. Add the user to the {group} "
+            "group(s) (sudo usermod -aG render,video $USER) and log in again; `ls -l /dev/kfd "
+            "/dev/dri` shows the group that owns them"
+        )
+    return "no known failure recognised"
+
+
+# --- retries --------------------------------------------------------------------------------
+
+_OPT3 = re.compile(r"(?<!\S)-O3(?!\S)")
+
+
+def retry_plan(
+    diagnosis: Diagnosis, env: Mapping[str, str], cfg: Config
+) -> tuple[dict[str, str], str] | None:
+    """The environment for one more attempt, and a note for the wheel's provenance; or None.
+
+    Only categories the user listed in ``build.retry`` are retried, and only while there is
+    something left to change: a compiler crash is retried with ``-O3`` replaced by ``-O2`` in
+    CFLAGS/CXXFLAGS/HIPFLAGS (once: after that no ``-O3`` is left); an out-of-memory compile
+    with ``MAX_JOBS`` and ``CMAKE_BUILD_PARALLEL_LEVEL`` halved (until they reach 1).
+    """
+    if diagnosis.category not in getattr(cfg.build, "retry", ()):
+        return None
+    at = f" at line {diagnosis.evidence[0].line}" if diagnosis.evidence else ""
+    new = dict(env)
+    if diagnosis.category == "compiler_crash":
+        changed = []
+        for name in ("CFLAGS", "CXXFLAGS", "HIPFLAGS"):
+            flags = new.get(name)
+            if flags is None and name != "HIPFLAGS" and cfg.build.opt_level == "O3":
+                flags = "-O3"  # the build's default level, made explicit so it can be lowered
+            if flags and _OPT3.search(flags):
+                new[name] = _OPT3.sub("-O2", flags)
+                changed.append(name)
+        if not changed:
+            return None
+        return new, f"retry after compiler_crash{at}: {'/'.join(changed)} -O3 -> -O2"
+    if diagnosis.category == "oom_compiler":
+        jobs = new.get("MAX_JOBS") or new.get("CMAKE_BUILD_PARALLEL_LEVEL")
+        current = int(jobs) if jobs and jobs.isdigit() else (cfg.build.jobs or os.cpu_count() or 1)
+        if current <= 1:
+            return None
+        half = str(current // 2)
+        new["MAX_JOBS"] = new["CMAKE_BUILD_PARALLEL_LEVEL"] = half
+        return new, f"retry after oom_compiler{at}: MAX_JOBS {current} -> {half}"
+    return None
+
+
+def check_retry_categories(names: Iterable[str], *, key: str) -> tuple[str, ...]:
+    """Validate ``build.retry``: category names that have a mechanical remedy."""
+    out = []
+    for name in names:
+        if name not in CATEGORIES:
+            close = difflib.get_close_matches(name, CATEGORIES, n=1)
+            guess = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(
+                f"{key}: {name!r} is not a diagnosis category; {guess}retryable: {', '.join(RETRYABLE)}"
+            )
+        if name not in RETRYABLE:
+            raise UserError(f"{key}: {name!r} has no automatic remedy; retryable: {', '.join(RETRYABLE)}")
+        out.append(name)
+    return tuple(out)
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``diagnose LOG [--json]``."""
+    parser.add_argument("log", metavar="LOG", help="the build or run log ('-' reads standard input)")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the diagnosis of one log; exit 0 when a cause was found, 1 when it is unknown."""
+    if args.log == "-":
+        diagnosis = diagnose_lines(iter_lines(sys.stdin.buffer))
+    else:
+        diagnosis = diagnose_file(args.log)
+    if args.json:
+        print(json.dumps(diagnosis.to_json(), indent=2))
+    else:
+        from rich.markup import escape
+
+        from rocmforge.console import console
+
+        console.print(f"[bold]{diagnosis.category}[/bold]: {escape(diagnosis.hint)}")
+        for e in diagnosis.evidence:
+            console.print(f"  {e.line:>7} | {escape(e.text)}")
+    return 0 if diagnosis.category != "unknown" else 1
