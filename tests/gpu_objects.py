@@ -66,12 +66,17 @@ def clang_hip(
     return out
 
 
-def hipcc(out: Path, archs: list[str], *, extra: tuple[str, ...] = ()) -> Path:
-    """Compile a HIP kernel with Debian's hipcc (AMD platform) into a shared object."""
+def hipcc(out: Path, archs: list[str], *, link: tuple[str, ...] = ()) -> Path:
+    """Compile a HIP kernel with Debian's hipcc (AMD platform) into a shared object.
+
+    ``link`` comes after the source, where the linker wants libraries (``-L dir -l:libx.so.2``).
+    """
     src = out.with_suffix(".hip")
     src.write_text(HIPCC_KERNEL)
-    cmd = [need("hipcc"), "-fPIC", "-shared", *extra, *[f"--offload-arch={a}" for a in archs]]
-    subprocess.run([*cmd, str(src), "-o", str(out)], check=True, env={**os.environ, "HIP_PLATFORM": "amd"})
+    cmd = [need("hipcc"), "-fPIC", "-shared", *[f"--offload-arch={a}" for a in archs]]
+    subprocess.run(
+        [*cmd, str(src), *link, "-o", str(out)], check=True, env={**os.environ, "HIP_PLATFORM": "amd"}
+    )
     return out
 
 

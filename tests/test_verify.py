@@ -1,0 +1,226 @@
+"""verify: real wheels (hipcc-built code inside) installed into real uv venvs, then checked.
+
+The wheels are tiny but real: METADATA, WHEEL and a RECORD with hashes, installed by uv from a
+real wheelhouse index. Each test breaks one thing a user would otherwise find on the GPU
+machine: a wheel built for the wrong arch, a missing shared library, torch with a Triton it
+does not pin, two Tritons.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from gpu_objects import hipcc, need
+
+from rocmforge import verify
+from rocmforge.wheelhouse import Wheelhouse, file_sha256
+
+ROOT = Path(__file__).resolve().parents[1]
+TRITON_PIN = "pytorch-triton-rocm==3.8.0+git669b31ac"
+TORCH = "2.13.0+rocm7.2"
+# Python code that loads the package's shared object the way an extension module would.
+LOAD_SO = "import ctypes, os\nctypes.CDLL(os.path.join(os.path.dirname(__file__), {!r}))\n"
+
+
+def make_wheel(
+    out: Path, name: str, version: str, files: dict[str, bytes | str], *, requires=(), provenance=None
+) -> Path:
+    """A valid platform wheel with ``files``, ``Requires-Dist`` lines and a rocmforge.json."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    info = f"{dist}.dist-info"
+    members = {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    members[f"{info}/METADATA"] = (meta + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
+    members[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: rocmforge-tests\nRoot-Is-Purelib: false\n"
+        b"Tag: py3-none-linux_x86_64\n"
+    )
+    if provenance is not None:
+        members[f"{info}/rocmforge.json"] = json.dumps(provenance).encode()
+    record = []
+    for path, data in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    members[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    wheel = out / f"{dist}-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for path, data in members.items():
+            z.writestr(path, data)
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def objects(tmp_path_factory):
+    """hipcc-built shared objects: gfx90a, gfx908, and one that needs libhipblas.so.2."""
+    d = tmp_path_factory.mktemp("so")
+    stub = d / "stub.c"
+    stub.write_text("int hipblasCreate(void **h) { return 0; }\n")
+    # A stand-in libhipblas to link against; it is not shipped, as when ROCm's hipblas is absent.
+    subprocess.run(
+        [
+            need("cc"),
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libhipblas.so.2",
+            str(stub),
+            "-o",
+            str(d / "libhipblas.so.2"),
+        ],
+        check=True,
+    )
+    return {
+        "gfx90a": hipcc(d / "k90a.so", ["gfx90a"]),
+        "gfx908": hipcc(d / "k908.so", ["gfx908"]),
+        "blas": hipcc(d / "blas.so", ["gfx90a"], link=("-L", str(d), "-l:libhipblas.so.2")),
+    }
+
+
+def wheelhouse(
+    tmp: Path,
+    objects,
+    *,
+    torch_so="gfx90a",
+    triton="3.8.0+git669b31ac",
+    vllm_so="gfx90a",
+    second_triton=None,
+    triton_code="",
+) -> Path:
+    """A published wheelhouse of torch, its Triton and vLLM built against that torch."""
+    build = tmp / "build"
+    build.mkdir()
+    house = Wheelhouse(tmp / "wheelhouse")
+    torch = make_wheel(
+        build,
+        "torch",
+        TORCH,
+        {
+            "torch/__init__.py": LOAD_SO.format("lib/libtorch_hip.so"),
+            "torch/lib/libtorch_hip.so": objects[torch_so].read_bytes(),
+        },
+        provenance={"package": "pytorch", "dropped_requirements": [TRITON_PIN]},
+    )
+    house.publish(torch)
+    house.publish(make_wheel(build, "pytorch-triton-rocm", triton, {"triton/__init__.py": triton_code}))
+    if second_triton:
+        house.publish(make_wheel(build, "triton", second_triton, {"triton/__init__.py": triton_code}))
+    house.publish(
+        make_wheel(
+            build,
+            "vllm",
+            "0.33.0",
+            {"vllm/__init__.py": LOAD_SO.format("_C.so"), "vllm/_C.so": objects[vllm_so].read_bytes()},
+            requires=[f"torch=={TORCH}"],
+            provenance={"package": "vllm", "dependencies": {"pytorch": file_sha256(torch)}},
+        )
+    )
+    return house.root
+
+
+def verify_house(tmp: Path, root: Path, archs=("gfx90a",)) -> dict[str, verify.Check]:
+    python, wheels = verify.fresh_venv(tmp / "venv", root, sys.executable, offline=True)
+    checks = verify.run(python, archs=archs, wheels=wheels, gpu=False)
+    return {c.name: c for c in checks}
+
+
+def failed(checks: dict[str, verify.Check]) -> set[str]:
+    return {name for name, c in checks.items() if c.status == "fail"}
+
+
+def test_consistent_wheelhouse_passes(tmp_path, objects):
+    checks = verify_house(tmp_path, wheelhouse(tmp_path, objects))
+    assert failed(checks) == set(), checks
+    assert checks["torch ↔ Triton"].detail.startswith(f"torch {TORCH} pins {TRITON_PIN}")
+    assert checks["vllm ↔ pytorch"].status == "ok"
+    assert checks["import torch"].status == checks["import vllm"].status == "ok"
+    assert "all cover gfx90a" in checks[f"archs: torch-{TORCH}-py3-none-linux_x86_64.whl"].detail
+
+
+def test_wheel_built_for_the_wrong_arch(tmp_path, objects):
+    # hipcc built torch for gfx908 (MI100) while the config asks for gfx90a (MI250)
+    checks = verify_house(tmp_path, wheelhouse(tmp_path, objects, torch_so="gfx908"))
+    name = f"archs: torch-{TORCH}-py3-none-linux_x86_64.whl"
+    assert failed(checks) == {name}
+    assert checks[name].detail == "torch/lib/libtorch_hip.so bundle 0 lacks gfx90a"
+
+
+def test_missing_shared_library_names_its_provider(tmp_path, objects):
+    checks = verify_house(tmp_path, wheelhouse(tmp_path, objects, vllm_so="blas"))
+    assert failed(checks) == {"libraries: vllm", "import vllm"}
+    assert checks["libraries: vllm"].detail == (
+        "libhipblas.so.2 (needed by _C.so) not found; provided by ROCm package hipblas"
+    )
+    assert "libhipblas.so.2: cannot open shared object file" in checks["import vllm"].detail
+    assert checks["import vllm"].detail.endswith("is provided by ROCm package hipblas")
+
+
+def test_torch_with_a_triton_it_does_not_pin(tmp_path, objects):
+    checks = verify_house(tmp_path, wheelhouse(tmp_path, objects, triton="3.7.0"))
+    assert failed(checks) == {"torch ↔ Triton"}
+    assert checks["torch ↔ Triton"].detail.endswith("installed: pytorch-triton-rocm 3.7.0")
+
+
+def test_second_triton_and_an_import_crash(tmp_path, objects):
+    # Two Tritons share the `triton` package; here its import segfaults, as overwritten files do.
+    crash = "import ctypes\nctypes.string_at(0)\n"
+    root = wheelhouse(tmp_path, objects, second_triton="3.8.0", triton_code=crash)
+    checks = verify_house(tmp_path, root)
+    assert "one Triton" in failed(checks)
+    assert (
+        "pytorch-triton-rocm 3.8.0+git669b31ac and triton 3.8.0 are both installed"
+        in checks["one Triton"].detail
+    )
+    assert checks["import triton"].status == "fail"
+    assert checks["import triton"].detail.startswith("crashed with SIGSEGV; likely cause: two Tritons")
+
+
+def test_vllm_built_against_another_torch_and_cli_json(tmp_path, objects):
+    root = wheelhouse(tmp_path, objects)
+    house = Wheelhouse(root)
+    rebuilt = make_wheel(
+        tmp_path,
+        "torch",
+        TORCH,
+        {"torch/__init__.py": "# rebuilt\n"},
+        provenance={"package": "pytorch", "dropped_requirements": [TRITON_PIN]},
+    )
+    house.publish(rebuilt)  # torch rebuilt after vLLM: vLLM's _C.so was built against the old one
+    python, _ = verify.fresh_venv(tmp_path / "venv", root, sys.executable, offline=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocmforge.verify",
+            "--python",
+            python,
+            "--wheelhouse",
+            str(root),
+            "--arch",
+            "gfx90a",
+            "--no-gpu",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False
+    bad = {c["name"]: c["detail"] for c in doc["checks"] if c["status"] == "fail"}
+    assert list(bad) == ["vllm ↔ pytorch"]
+    assert "no longer in the wheelhouse; rebuild it: nox -s vllm" in bad["vllm ↔ pytorch"]
+
+
+def test_gpu_part_skips_without_a_device(tmp_path):
+    # This machine's own torch (or none): no GPU is reported as a skip or a clear failure, never a crash.
+    checks = verify.gpu_checks(sys.executable, ("gfx90a",), None)
+    assert checks and checks[0].name == "gpu: device visible"
+    assert checks[0].status in {"skip", "fail"}
+    assert "torch" in checks[0].detail
