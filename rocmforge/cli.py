@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("rocmforge.buildenv", "print the build environment of a package"),
     "inspect": ("rocmforge.inspect", "list the GPU code objects inside .so files and wheels"),
     "diagnose": ("rocmforge.diagnose", "find the cause of a failed build or run in its log"),
+    "checkout": ("rocmforge.sources", "check out the pinned sources (with patches) into third_party/"),
+    "patch": ("rocmforge.patches", "turn your edits in third_party/<pkg> into a new patch file"),
     "provenance": ("rocmforge.provenance", "print what a wheel (or installed package) was built from"),
     "cache": ("rocmforge.compile_cache", "show or zero the compile cache's statistics"),
     "publish": ("rocmforge.publish", "publish a nightly's wheelhouses as one index per arch set"),

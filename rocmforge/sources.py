@@ -983,3 +983,31 @@ def _local_tree(pkg: Package, src: Source) -> Checkout:
         submodules=MappingProxyType({}),
         patches=(),
     )
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser) -> None:
+    """``python -m rocmforge checkout [PACKAGE ...] [--offline] [--json]``."""
+    parser.add_argument("packages", nargs="*", help="packages to check out (default: all built from source)")
+    parser.add_argument("--offline", action="store_true", help="never use the network (cache or export only)")
+    parser.add_argument("--json", action="store_true", help="print each checkout as JSON")
+
+
+def main(args) -> int:
+    """Prepare the checkouts and say what each one holds."""
+    from rocmforge.config import load_config
+
+    cfg = load_config()
+    names = args.packages or [n for n in cfg.build_order() if cfg.package(n).source is not None]
+    for name in names:
+        co = prepare(cfg, name, offline=args.offline)
+        if args.json:
+            print(json.dumps({**co.to_json(), "fingerprint": co.fingerprint()}))
+        else:
+            pin = co.commit or co.sha256 or "local tree"
+            extra = f", {len(co.submodules)} submodules" if co.submodules else ""
+            extra += f", {len(co.patches)} patches" if co.patches else ""
+            print(f"{name}: {co.path} at {pin}{extra}")
+    return 0
