@@ -71,6 +71,15 @@ def index(session: nox.Session) -> None:
     build.index_session(session, CONFIG)
 
 
+@nox.session(venv_backend="none")
+def verify(session: nox.Session) -> None:
+    """Install the wheelhouse into a fresh venv and prove it runs (-- --no-gpu, --gpu-only, --json)."""
+    from rocmforge import verify
+
+    _announce(session)
+    verify.nox_session(session, CONFIG)
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Measure the wheelhouse on this GPU against its peak (-- --quick; A/B: -- --b-python PATH)."""
