@@ -7,13 +7,18 @@ through its ``root`` and ``environ`` parameters.
 
 from __future__ import annotations
 
+import copy
 import gzip
 import os
 import shlex
 import stat
 from pathlib import Path
 
+from rocmforge.config import parse_config, tomllib
 from rocmforge.host import KEY_LIBRARIES
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = tomllib.loads((ROOT / "build_config.toml").read_text())
 
 # Version banners as the real tools print them (gcc 13.2, clang 19, cmake 3.31, ninja, git).
 BANNERS = {
@@ -113,3 +118,12 @@ def proc(
 def environ(bindir: Path, **extra: str) -> dict[str, str]:
     """An environment whose PATH holds only the fake tools."""
     return {"PATH": str(bindir), "USER": "alice", "HOME": os.environ.get("HOME", "/root"), **extra}
+
+
+def config(environ=None, *, packages=None, **build):
+    """The shipped config with ``build`` keys (and package tables) replaced."""
+    data = copy.deepcopy(DEFAULT_CONFIG)
+    data["build"].update(build)
+    for name, table in (packages or {}).items():
+        data["packages"][name].update(table)
+    return parse_config(data, path=ROOT / "build_config.toml", environ=environ or {})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -12,24 +11,14 @@ from pathlib import Path
 
 import fakehost
 import pytest
+from fakehost import config
 
 from rocmforge.buildenv import build_environment, shell_lines
-from rocmforge.config import parse_config, tomllib
 from rocmforge.errors import UserError
 from rocmforge.host import gather
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT = tomllib.loads((ROOT / "build_config.toml").read_text())
 GCC12 = "gcc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc."
-
-
-def config(environ=None, *, packages=None, **build):
-    """The shipped config with ``build`` keys (and package tables) replaced."""
-    data = copy.deepcopy(DEFAULT)
-    data["build"].update(build)
-    for name, table in (packages or {}).items():
-        data["packages"][name].update(table)
-    return parse_config(data, path=ROOT / "build_config.toml", environ=environ or {})
 
 
 def facts_for(tmp_path, *, mem_gb=48, cpus="0-63", cgroup_mem_gb=None, extra_env=None, rocm=True):

@@ -1,0 +1,165 @@
+"""Doctor checks: the passing path on a fake ROCm 7.2 host, the failures users hit, this machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fakehost
+import pytest
+from fakehost import config
+
+from rocmforge.buildenv import satisfies
+from rocmforge.doctor import FAIL, OK, WARN, require_ok, run_checks
+from rocmforge.errors import UserError
+from rocmforge.host import gather
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def healthy_host(tmp_path, **extra_env):
+    """gcc 13, cmake 3.31, ROCm 7.2 with every library, an MI300X, /dev/kfd, user in video."""
+    bindir = fakehost.toolchain(tmp_path / "bin")
+    fakehost.proc(tmp_path, cpus_allowed="0-63", mem_kb=512 * 1024 * 1024)
+    rocm = fakehost.rocm(tmp_path)
+    fakehost.kfd(tmp_path, [(0, None), (90402, "AMD Instinct MI300X")])
+    fakehost.write(tmp_path / "etc/group", "video:x:44:alice\nrender:x:110:alice\n")
+    fakehost.write(tmp_path / "dev/kfd", "")
+    env = fakehost.environ(bindir, **{"PATH": f"{rocm}/bin:{bindir}", **extra_env})
+    return gather(env, root=tmp_path, build_dir=tmp_path)
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_passing_path_on_a_fake_rocm_host(tmp_path):
+    facts = healthy_host(tmp_path)
+    checks = run_checks(config(), facts)
+    assert [c for c in checks if c.status == FAIL] == []
+    named = by_name(checks)
+    assert named["ROCm version"].status == OK and "7.2.0" in named["ROCm version"].found
+    assert named["pytorch: gcc >=13"].found == "gcc 13.2.0"
+    assert named["vllm: cmake >=3.26.1,<4"].status == OK
+    assert named["GPUs"].found == "gfx942 (AMD Instinct MI300X)"
+    assert named["hipcc on PATH"].status == OK
+    assert require_ok(config(), facts, ["vllm"])  # no exception: the build may start
+
+
+def test_requirements_come_from_the_config(tmp_path):
+    facts = healthy_host(tmp_path)
+    requires = [{"tool": "cmake", "spec": "<3.30", "why": "made-up pin for this test"}]
+    checks = by_name(run_checks(config(packages={"triton": {"requires": requires}}), facts))
+    row = checks["triton: cmake <3.30"]
+    assert (row.status, row.found) == (FAIL, "cmake 3.31.6")
+    assert row.fix.startswith("pip install 'cmake<3.30'") and row.fix.endswith("made-up pin for this test")
+    with pytest.raises(UserError, match=r"triton: cmake <3\.30: cmake 3\.31\.6") as err:
+        require_ok(config(packages={"triton": {"requires": requires}}), facts, ["triton"])
+    assert err.value.exit_code == 1
+
+
+def test_common_failures(tmp_path):
+    facts = healthy_host(tmp_path)
+    old = fakehost.rocm(tmp_path, "opt/rocm-6.4.1", "6.4.1-120", libs=("amdhip64",))
+    # hipcc of another ROCm first on PATH, an arch list without this machine's GPU, too many jobs.
+    mixed = gather(
+        {
+            **facts.environ,
+            "PATH": f"{old}/bin:{facts.environ['PATH']}",
+            "ROCM_PATH": str(tmp_path / "opt/rocm-7.2.0"),
+        },
+        root=tmp_path,
+        build_dir=tmp_path,
+    )
+    rows = run_checks(config({"PYTORCH_ROCM_ARCH": "gfx90a", "MAX_JOBS": "200"}), mixed)
+    checks = by_name(rows)
+    assert checks["hipcc on PATH"].status == WARN and "two ROCm installs mixed" in checks["hipcc on PATH"].fix
+    assert checks["ROCm installs"].status == WARN and "6.4.1" in checks["ROCm installs"].found
+    assert checks["GPUs"].status == WARN and "hipErrorNoBinaryForGpu" in checks["GPUs"].fix
+    assert checks["memory"].status == WARN and "MAX_JOBS=128" in checks["memory"].fix
+    overrides = [c.found for c in rows if c.name == "config"]
+    assert overrides == [
+        "PYTORCH_ROCM_ARCH='gfx90a' overrides build.arch",
+        "MAX_JOBS='200' overrides build.jobs",
+    ]
+
+    # The older ROCm alone: too old for the pins and missing PyTorch's libraries.
+    only_old = gather({**mixed.environ, "ROCM_PATH": str(old)}, root=tmp_path, build_dir=tmp_path)
+    checks = by_name(run_checks(config(), only_old))
+    assert checks["ROCm version"].status == FAIL
+    assert checks["ROCm version"].found.startswith("no ROCm 7.2: found ROCm 6.4.1")
+    assert checks["ROCm libraries"].status == FAIL and "rocblas" in checks["ROCm libraries"].found
+    assert checks["pytorch: rocm >=7.2"].status == FAIL
+
+    # A ROCM_PATH that does not exist, a device node we may not open (recorded facts).
+    gone = gather({**facts.environ, "ROCM_PATH": str(tmp_path / "nope")}, root=tmp_path, build_dir=tmp_path)
+    assert (
+        by_name(run_checks(config(), gone))["ROCm"].found == f"ROCM_PATH={tmp_path / 'nope'} does not exist"
+    )
+    denied = by_name(run_checks(config(), dataclasses.replace(facts, kfd="denied")))["/dev/kfd"]
+    assert denied.status == FAIL and "usermod -aG video,render" in denied.fix
+
+
+def test_conda_shadowing_an_older_libstdcxx_fails(tmp_path):
+    prefix = tmp_path / "conda"
+    fakehost.write(prefix / "lib/libstdc++.so.6", b"GLIBCXX_3.4.29\0")
+    fakehost.write(tmp_path / "usr/lib/x86_64-linux-gnu/libstdc++.so.6", b"GLIBCXX_3.4.32\0")
+    facts = healthy_host(tmp_path, CONDA_PREFIX=str(prefix), LD_LIBRARY_PATH=str(prefix / "lib"))
+    row = by_name(run_checks(config(), facts))["conda libstdc++"]
+    assert row.status == FAIL and "GLIBCXX 3.4.29; system 3.4.32" in row.found
+    assert "conda deactivate" in row.fix
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_other_backends_skip_rocm_checks(tmp_path, backend):
+    cuda = tmp_path / "cuda"
+    fakehost.tool(cuda / "bin", "nvcc", "Cuda compilation tools, release 12.8, V12.8.93")
+    bindir = fakehost.toolchain(tmp_path / "bin")
+    fakehost.proc(tmp_path, cpus_allowed="0-15", mem_kb=64 * 1024 * 1024)
+    env = fakehost.environ(bindir, PATH=f"{cuda}/bin:{bindir}", CUDA_HOME=str(cuda))
+    facts = gather(env, root=tmp_path, build_dir=tmp_path)  # no ROCm, no GPU, no /dev/kfd
+    checks = run_checks(config(backend=backend, arch=[]), facts)
+    names = {c.name for c in checks}
+    assert not {"ROCm", "ROCm version", "ROCm libraries", "GPUs", "/dev/kfd", "pytorch: rocm >=7.2"} & names
+    assert [c for c in checks if c.status == FAIL] == []
+    assert ("CUDA" in names) == (backend == "cuda")
+
+
+def test_this_machine_gets_a_clear_verdict():
+    facts = gather()
+    checks = run_checks(config(), facts)
+    rocm_rows = [c for c in checks if c.name.startswith("ROCm") and c.status == FAIL]
+    if not any(satisfies(i.version, ">=7.2") for i in facts.rocm_installs):
+        assert rocm_rows and "no ROCm" in rocm_rows[0].found
+        with pytest.raises(UserError, match="not ready to build"):
+            require_ok(config(), facts, None)
+
+
+def test_cli_json_and_nox_session_finish_in_seconds():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmforge", "doctor", "--json"], capture_output=True, text=True, cwd=ROOT
+    )
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == (0 if doc["ok"] else 1)
+    assert {c["status"] for c in doc["checks"]} <= {OK, WARN, FAIL}
+    assert doc["facts"]["cpus"] >= 1
+
+    start = time.monotonic()
+    nox = subprocess.run(
+        [sys.executable, "-m", "nox", "-s", "toolchain"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTORCH_ROCM_ARCH", "MAX_JOBS")},
+    )
+    elapsed = time.monotonic() - start
+    assert elapsed < 10
+    assert "rocmforge doctor" in nox.stderr + nox.stdout
+    assert (nox.returncode == 0) == doc["ok"]
+    if not doc["ok"]:
+        assert "not ready to build" in nox.stderr + nox.stdout
