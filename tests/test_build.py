@@ -1,0 +1,292 @@
+"""Package sessions end to end: real git repos, real compilers (gcc, Debian's hipcc), real nox.
+
+The fixture projects live in ``examples/fixtures`` (the README's "builds something real here"
+path); each test turns them into git repositories under its own temporary directory and
+drives the real ``nox`` sessions against a config that points there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from rocmforge.wheelfile import wheel_name
+from rocmforge.wheelhouse import Wheelhouse
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+pytestmark = pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc (apt install hipcc)")
+
+
+def _make_repos(dest: Path) -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("make_repos", EXAMPLES / "fixtures" / "make_repos.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_repos(dest)
+
+
+def write_config(root: Path, *, arch: str = "gfx90a", patched: bool = True) -> Path:
+    """A copy of examples/fixtures.toml whose repos, caches and outputs all live under ``root``."""
+    repos = root / "repos"
+    if not repos.is_dir():
+        _make_repos(repos)
+    shutil.copytree(EXAMPLES / "patches", root / "patches", dirs_exist_ok=True)
+    text = (EXAMPLES / "fixtures.toml").read_text()
+    text = text.replace("file:///tmp/rocmforge-fixtures/", repos.as_uri() + "/")
+    text = text.replace('arch = ["gfx90a"]', f'arch = ["{arch}"]')
+    text = text.replace("../build/examples", "out")
+    text = text.replace(
+        'third_party = "out/third_party"', 'third_party = "out/third_party"\ncache_dir = "cache"'
+    )
+    if not patched:
+        start = text.index("[[packages.patchme.patches]]")
+        text = text[:start] + text[text.index("[packages.dependent]") :]
+    path = root / "rocmforge.toml"
+    path.write_text(text)
+    return path
+
+
+def nox(config: Path, *sessions: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the real noxfile's sessions against ``config``."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ROCM_ARCH", "MAX_JOBS")}
+    environ.update(ROCMFORGE_CONFIG=str(config), COLUMNS="200", **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", *sessions],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def venv_with(tmp: Path, *install_args: str, installer: str = "uv") -> Path:
+    """A fresh venv with ``install_args`` installed by uv (``--index``) or pip; its python."""
+    venv = tmp / f"venv-{installer}"
+    subprocess.run(["uv", "venv", "-q", "--seed", "--python", sys.executable, str(venv)], check=True)
+    python = venv / "bin" / "python"
+    if installer == "uv":
+        argv = ["uv", "pip", "install", "--python", str(python), *install_args]
+    else:
+        argv = [str(python), "-m", "pip", "install", "-q", *install_args]
+    # PIP_CONFIG_FILE=/dev/null: this machine's pip config adds extra indexes; the user's
+    # command line must be the whole story.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    subprocess.run(argv, check=True, env={**env, "PIP_CONFIG_FILE": os.devnull})
+    return python
+
+
+def code_object_targets(so_bytes: bytes) -> set[str]:
+    """The GPU targets named by the clang offload bundle entries in a shared object."""
+    marker = b"hipv4-amdgcn-amd-amdhsa--"
+    found, start = set(), 0
+    while (i := so_bytes.find(marker, start)) >= 0:
+        end = i + len(marker)
+        while end < len(so_bytes) and (chr(so_bytes[end]).isalnum() or so_bytes[end] in b":+-"):
+            end += 1
+        found.add(so_bytes[i + len(marker) : end].decode().split(":")[0])
+        start = end
+    return found
+
+
+def so_targets(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return code_object_targets(zf.read("hipkernel/libhipkernel.so"))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The fixture chain built once through `nox -s dependent hipkernel`."""
+    root = tmp_path_factory.mktemp("chain")
+    config = write_config(root)
+    start = time.monotonic()
+    proc = nox(config, "dependent", "hipkernel")
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"fresh build of the fixture chain: {seconds:.1f}s")
+    return root, config, Wheelhouse(root / "out" / "wheelhouse"), proc
+
+
+@pytest.mark.slow
+def test_chain_builds_in_dependency_order(built):
+    _root, _config, house, proc = built
+    # `nox -s dependent` ran patchme first (requires=), then dependent, then hipkernel.
+    order = [
+        line.split("Running session ")[1] for line in proc.stderr.splitlines() if "Running session " in line
+    ]
+    assert order == ["patchme", "dependent", "hipkernel"]
+    assert {e.project for e in house.entries()} == {"patchme", "dependent", "hipkernel"}
+    assert (house.constraints.read_text().splitlines()[1:]) == [
+        "dependent==1.0.0+rf",
+        "hipkernel==1.0.0+rf",
+        "patchme==1.0.0+rf",
+    ]
+
+
+@pytest.mark.slow
+def test_fresh_venv_installs_from_the_index_and_imports(built, tmp_path):
+    _root, _config, house, _proc = built
+    start = time.monotonic()
+    python = venv_with(tmp_path, "--index", house.simple.as_uri(), "dependent", "hipkernel")
+    print(f"fresh install with uv: {time.monotonic() - start:.1f}s")
+    out = subprocess.run(
+        [str(python), "-c", "import dependent, hipkernel; print(dependent.value(), hipkernel.answer())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["43", "42"]
+    subprocess.run([str(python), "-m", "pip", "check"], check=True)
+
+
+@pytest.mark.slow
+def test_pip_with_constraints_installs_the_same_wheels(built, tmp_path):
+    _root, _config, house, _proc = built
+    python = venv_with(
+        tmp_path,
+        "--no-index",
+        "--find-links",
+        str(house.root),
+        "-c",
+        str(house.constraints),
+        "dependent",
+        installer="pip",
+    )
+    subprocess.run([str(python), "-m", "pip", "check"], check=True)
+    out = subprocess.run(
+        [str(python), "-m", "rocmforge", "provenance", "patchme"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    record = json.loads(out.stdout)
+    assert record["patches"][0]["file"] == "0001-define-the-answer.patch"
+
+
+@pytest.mark.slow
+def test_hip_library_holds_gfx90a_code(built):
+    _root, _config, house, _proc = built
+    (entry,) = house.find("hipkernel")
+    assert so_targets(entry.path) == {"gfx90a"}
+
+
+@pytest.mark.slow
+def test_provenance_records_source_patches_and_toolchain(built):
+    root, _config, house, _proc = built
+    (entry,) = house.find("patchme")
+    out = subprocess.run(
+        [sys.executable, "-m", "rocmforge", "provenance", str(entry.path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    record = json.loads(out.stdout)
+    commit = subprocess.run(
+        ["git", "rev-parse", "v1.0.0"], cwd=root / "repos" / "patchme", capture_output=True, text=True
+    ).stdout.strip()
+    assert record["source"]["commit"] == commit
+    assert record["source"]["url"] == (root / "repos" / "patchme").as_uri()
+    patch = root / "patches" / "patchme" / "0001-define-the-answer.patch"
+    from rocmforge.wheelhouse import file_sha256
+
+    assert record["patches"] == [{"file": patch.name, "sha256": file_sha256(patch)}]
+    assert record["arch"] == ["gfx90a"] and record["backend"] == "rocm"
+    assert record["env"]["PYTORCH_ROCM_ARCH"] == "gfx90a"
+    assert record["rocm_version"] and record["compilers"]
+    assert record["version"] == "1.0.0+rf" and record["retries"] == []
+
+
+@pytest.mark.slow
+def test_immediate_rerun_is_a_no_op(built):
+    _root, config, house, _proc = built
+    before = {e.path.name: e.path.stat().st_mtime_ns for e in house.entries()}
+    start = time.monotonic()
+    proc = nox(config, "patchme", "dependent", "hipkernel")
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"no-op re-run of 3 sessions: {seconds:.1f}s")
+    assert proc.stderr.count(": up to date (") == 3
+    assert {e.path.name: e.path.stat().st_mtime_ns for e in house.entries()} == before
+    assert seconds < 10
+
+
+@pytest.mark.slow
+def test_changing_the_arch_list_rebuilds_cleanly(tmp_path):
+    config = write_config(tmp_path)
+    assert nox(config, "hipkernel").returncode == 0
+    house = Wheelhouse(tmp_path / "out" / "wheelhouse")
+    # Something a stale build would carry over: it must be gone after the rebuild.
+    stale = tmp_path / "out" / "third_party" / "hipkernel" / "build" / "stale-object.o"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("from the old arch")
+    proc = nox(config, "hipkernel", env={"PYTORCH_ROCM_ARCH": "gfx908"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hipkernel: rebuilding, changed: arch" in proc.stderr
+    assert not stale.exists()
+    (entry,) = house.find("hipkernel")
+    assert so_targets(entry.path) == {"gfx908"}
+
+
+@pytest.mark.slow
+def test_failing_build_leaves_no_wheel_and_no_index_entry(tmp_path):
+    config = write_config(tmp_path, patched=False)
+    proc = nox(config, "patchme")
+    assert proc.returncode != 0
+    log = tmp_path / "out" / "logs" / "patchme.log"
+    assert "full log:" in proc.stderr and log.is_file()
+    assert "PATCHME_ANSWER" in proc.stderr  # the compiler's error line is shown
+    assert "PATCHME_ANSWER" in log.read_text()
+    house = Wheelhouse(tmp_path / "out" / "wheelhouse")
+    assert house.find("patchme") == []
+    assert not (house.simple / "patchme").exists()
+
+
+@pytest.mark.slow
+def test_a_dependency_without_a_wheel_is_named(tmp_path):
+    from rocmforge.build import dependency_wheels
+    from rocmforge.config import load_config
+    from rocmforge.errors import UserError
+
+    cfg = load_config(write_config(tmp_path))
+    with pytest.raises(UserError, match=r"needs patchme's wheel.*nox -s patchme"):
+        dependency_wheels(cfg, "dependent")
+
+
+def test_prebuilt_wheel_is_published_byte_identical(tmp_path):
+    from rocmforge.build import build_package
+    from rocmforge.config import load_config
+    from rocmforge.host import gather
+    from rocmforge.wheelhouse import file_sha256
+
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    project = tmp_path / "proj"
+    (project / "tinyvendor").mkdir(parents=True)
+    (project / "tinyvendor" / "__init__.py").write_text("VALUE = 7\n")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "tinyvendor"\nversion = "3.1"\n'
+    )
+    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(vendor), str(project)], check=True)
+    (original,) = vendor.glob("*.whl")
+    config = tmp_path / "rocmforge.toml"
+    config.write_text(
+        '[build]\nbackend = "cpu"\nwork_dir = "out"\nwheelhouse = "out/wheelhouse"\nlogs_dir = "out/logs"\n'
+        f'[packages.tinyvendor.prebuilt]\nrequirement = "tinyvendor==3.1"\nindex = "{vendor}"\n'
+    )
+    cfg = load_config(config, environ={})
+    facts = gather()
+    result = build_package(cfg, "tinyvendor", facts=facts)
+    assert result.status == "downloaded"
+    assert file_sha256(result.wheel) == file_sha256(original)
+    assert build_package(cfg, "tinyvendor", facts=facts).status == "up to date"
+    assert wheel_name(result.wheel).version == "3.1"

@@ -1,0 +1,196 @@
+"""The wheelhouse: PEP 503 index, constraints, replacement, locking, and PyPI kept out."""
+
+from __future__ import annotations
+
+import html.parser
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from rocmforge.wheelfile import read_member, wheel_name
+from rocmforge.wheelhouse import Wheelhouse, file_sha256
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_wheel(tmp: Path, name: str, version: str) -> Path:
+    """A real pure-Python wheel built by uv from a two-file project."""
+    project = tmp / f"src-{name}-{version}"
+    (project / name).mkdir(parents=True)
+    (project / name / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "{name}"\nversion = "{version}"\n'
+    )
+    out = tmp / f"dist-{name}-{version}"
+    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(out), str(project)], check=True)
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self.hrefs.append(dict(attrs)["href"])
+
+
+def links(page: Path) -> list[str]:
+    parser = _Links()
+    parser.feed(page.read_text())
+    return parser.hrefs
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("wheels")
+    return {
+        "alpha-1": make_wheel(tmp, "alpha_pkg", "1.0"),
+        "alpha-2": make_wheel(tmp, "alpha_pkg", "2.0"),
+        "beta": make_wheel(tmp, "beta", "0.5"),
+    }
+
+
+def test_publish_writes_a_pep503_index_with_sha256_fragments(tmp_path, wheels):
+    house = Wheelhouse(tmp_path / "wh")
+    house.publish(wheels["alpha-1"])
+    house.publish(wheels["beta"])
+    assert links(house.simple / "index.html") == ["alpha-pkg/", "beta/"]
+    (href,) = links(house.simple / "alpha-pkg" / "index.html")
+    path, _, fragment = href.partition("#sha256=")
+    target = (house.simple / "alpha-pkg" / unquote(path)).resolve()
+    assert target == (house.root / wheels["alpha-1"].name).resolve()
+    assert fragment == file_sha256(target)
+    assert house.constraints.read_text().splitlines()[1:] == ["alpha-pkg==1.0", "beta==0.5"]
+
+
+def test_a_new_build_replaces_the_old_wheel_and_withdraw_removes_the_entry(tmp_path, wheels):
+    house = Wheelhouse(tmp_path / "wh")
+    house.publish(wheels["alpha-1"])
+    house.publish(wheels["beta"])
+    house.publish(wheels["alpha-2"])
+    assert [e.version for e in house.find("alpha_pkg")] == ["2.0"]
+    assert "alpha-pkg==2.0" in house.constraints.read_text()
+    assert not (house.root / wheels["alpha-1"].name).exists()
+    house.withdraw("alpha-pkg")
+    assert not (house.simple / "alpha-pkg").exists()
+    assert links(house.simple / "index.html") == ["beta/"]
+    assert "alpha" not in house.constraints.read_text()
+
+
+def _publish(args):
+    root, wheel = args
+    Wheelhouse(root).publish(wheel)
+
+
+def test_concurrent_publishes_leave_a_complete_index(tmp_path, wheels):
+    root = tmp_path / "wh"
+    jobs = [(root, wheels["alpha-2"]), (root, wheels["beta"])] * 3
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.map(_publish, jobs)
+    house = Wheelhouse(root)
+    assert {e.project for e in house.entries()} == {"alpha-pkg", "beta"}
+    assert links(house.simple / "index.html") == ["alpha-pkg/", "beta/"]
+    assert not list(root.glob(".*.tmp")) and not list(house.simple.rglob(".*.tmp"))
+
+
+def _venv(tmp: Path, name: str) -> Path:
+    venv = tmp / name
+    subprocess.run(["uv", "venv", "-q", "--seed", "--python", sys.executable, str(venv)], check=True)
+    return venv / "bin" / "python"
+
+
+def _installed_version(python: Path, dist: str) -> str:
+    code = f"from importlib.metadata import version; print(version({dist!r}))"
+    return subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+# PyPI reachable, pip's machine config out of the way: the command line is the whole story.
+_PYPI_ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))},
+    "PIP_CONFIG_FILE": os.devnull,
+}
+_PYPI = "https://pypi.org/simple"
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_a_newer_pypi_release_cannot_replace_our_wheel(tmp_path):
+    """six 1.16.0 built here from its PyPI sdist; PyPI has 1.17.0. Our install commands keep ours."""
+    from rocmforge.build import build_package
+    from rocmforge.config import load_config
+
+    config = tmp_path / "rocmforge.toml"
+    config.write_text(
+        '[build]\nbackend = "cpu"\nwork_dir = "out"\nwheelhouse = "out/wheelhouse"\nlogs_dir = "out/logs"\n'
+        'third_party = "out/third_party"\n'
+        '[packages.six]\nversion = "1.16.0"\nlocal_version = "rf"\n'
+        '[packages.six.source]\nkind = "pypi"\nname = "six"\nversion = "1.16.0"\n'
+        'sha256 = "1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926"\n'
+    )
+    cfg = load_config(config, environ={})
+    wheel = build_package(cfg, "six").wheel
+    assert wheel_name(wheel).version == "1.16.0+rf"
+    assert read_member(wheel, "rocmforge.json") is not None
+    house = Wheelhouse(cfg.build.wheelhouse)
+
+    # The danger, shown for real: pip with --find-links and PyPI takes PyPI's newer release.
+    python = _venv(tmp_path, "naive")
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--index-url",
+            _PYPI,
+            "--find-links",
+            str(house.root),
+            "six",
+        ],
+        check=True,
+        env=_PYPI_ENV,
+    )
+    assert _installed_version(python, "six") == "1.17.0"
+
+    # uv with our index first: first-index strategy, PyPI is never asked about six.
+    python = _venv(tmp_path, "uv")
+    subprocess.run(
+        ["uv", "pip", "install", "--python", str(python), "--index", house.simple.as_uri(), "six"],
+        check=True,
+        env={**_PYPI_ENV, "UV_DEFAULT_INDEX": _PYPI},
+    )
+    assert _installed_version(python, "six") == "1.16.0+rf"
+
+    # pip with the exact pins of constraints.txt: only our build satisfies six==1.16.0+rf.
+    python = _venv(tmp_path, "pip")
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--index-url",
+            _PYPI,
+            "--find-links",
+            str(house.root),
+            "-c",
+            str(house.constraints),
+            "six",
+        ],
+        check=True,
+        env=_PYPI_ENV,
+    )
+    assert _installed_version(python, "six") == "1.16.0+rf"
