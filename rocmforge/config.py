@@ -414,7 +414,7 @@ def _compile_cache(t: _Table, root: Path, environ: Mapping[str, str], notes: lis
     raw = t.get("compile_cache", (str, dict), "none")
     ct = _Table(raw if isinstance(raw, dict) else {}, t.key("compile_cache"))
     if isinstance(raw, str):
-        tool = t.choice("compile_cache", COMPILE_CACHES)
+        tool = t.choice("compile_cache", COMPILE_CACHES, "none")
     else:
         tool = ct.choice("tool", COMPILE_CACHES, required=True)
     backend = ct.choice("backend", CACHE_BACKENDS, "local")
