@@ -1,0 +1,112 @@
+"""Bad configuration: each mistake gives one line naming the key and the fix, no traceback.
+
+Most cases go through the real CLI (and one through nox) in a subprocess, as a user meets them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fakehost import config
+
+from rocmforge.config import load_config
+from rocmforge.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = (ROOT / "build_config.toml").read_text()
+
+
+def cli(*args, config_text=None, tmp_path=None, **env):
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ROCM_ARCH", "MAX_JOBS", "ROCM_PATH")}
+    if config_text is not None:
+        path = tmp_path / "build_config.toml"
+        path.write_text(config_text)
+        environ["ROCMFORGE_CONFIG"] = str(path)
+    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**environ, **env})
+
+
+def one_line(proc) -> str:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+BAD_CONFIGS = {
+    "wrong type": (
+        GOOD.replace('jobs = "auto"', "jobs = true"),
+        "build.jobs: expected an integer or a string, got a boolean",
+    ),
+    "unknown key": (
+        GOOD.replace('opt_level = "O3"', 'opt_level = "O3"\noptlevel = "O2"'),
+        "build.optlevel: unknown key; known keys here:",
+    ),
+    "gfx9420": (
+        GOOD.replace('arch = ["gfx90a", "gfx942", "gfx950"]', 'arch = ["gfx90a", "gfx9420"]'),
+        "build.arch: unknown GPU arch 'gfx9420'; did you mean gfx942",
+    ),
+    "comma list": (
+        GOOD.replace('arch = ["gfx90a", "gfx942", "gfx950"]', 'arch = "gfx90a,gfx942"'),
+        "build.arch: 'gfx90a,gfx942' is comma-separated; separate archs with ';' (e.g. 'gfx90a;gfx942')",
+    ),
+    "empty list": (
+        GOOD.replace('arch = ["gfx90a", "gfx942", "gfx950"]', "arch = []"),
+        "build.arch: the arch list is empty; name the GPUs to build for",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_through_the_cli(tmp_path, case):
+    text, message = BAD_CONFIGS[case]
+    assert text != GOOD, "the replacement did not apply: the shipped config changed"
+    line = one_line(
+        cli(sys.executable, "-m", "rocmforge", "env", "pytorch", config_text=text, tmp_path=tmp_path)
+    )
+    assert line.startswith(f"rocmforge env: error: {message}")
+
+
+def test_bad_environment_overrides_through_the_cli(tmp_path):
+    run = ("python", "-m", "rocmforge", "doctor")
+    comma = one_line(cli(*run, PYTORCH_ROCM_ARCH="gfx90a,gfx942"))
+    assert comma == (
+        "rocmforge doctor: error: PYTORCH_ROCM_ARCH: 'gfx90a,gfx942' is comma-separated; "
+        "separate archs with ';' (e.g. 'gfx90a;gfx942')"
+    )
+    assert "did you mean gfx942" in one_line(cli(*run, PYTORCH_ROCM_ARCH="gfx9420"))
+    assert "the arch list is empty" in one_line(cli(*run, PYTORCH_ROCM_ARCH=" "))
+    missing = tmp_path / "rocm-7.2.0"
+    line = one_line(cli("python", "-m", "rocmforge", "env", "vllm", ROCM_PATH=str(missing)))
+    assert line == (
+        f"rocmforge env: error: ROCM_PATH={missing} does not exist; unset it or point it at a ROCm install "
+        "(e.g. /opt/rocm-7.2.0)"
+    )
+    doctor = cli(*run, "--json", ROCM_PATH=str(missing))
+    assert doctor.returncode == 1
+    rows = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert (rows["ROCm"]["status"], rows["ROCm"]["found"]) == ("fail", f"ROCM_PATH={missing} does not exist")
+
+
+def test_bad_config_stops_nox_with_one_line(tmp_path):
+    text, message = BAD_CONFIGS["gfx9420"]
+    proc = cli(sys.executable, "-m", "nox", "-s", "toolchain", config_text=text, tmp_path=tmp_path)
+    assert proc.returncode != 0
+    assert f"rocmforge: {message}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_other_bad_inputs_name_the_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace("gb_per_job = 4.0", 'gb_per_job = "4"'))
+    with pytest.raises(UserError, match=r"^packages\.pytorch\.gb_per_job: expected an integer or a number"):
+        load_config(path, environ={})
+    with pytest.raises(UserError, match=r"^MAX_JOBS: 'many' is not a positive integer"):
+        config({"MAX_JOBS": "many"})
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "missing.toml", environ={})
