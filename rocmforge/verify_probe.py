@@ -120,6 +120,9 @@ def _vllm_generate(model: str) -> str:
 
 def gpu(archs: list[str], model: str | None) -> int:
     """Run the GPU checks in order; later ones are skipped once the device is unusable."""
+    if importlib.util.find_spec("torch") is None:
+        _emit("gpu: device visible", "skip", "torch is not installed in this environment")
+        return 0
     try:
         import torch
     except Exception as exc:
