@@ -22,7 +22,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import sysconfig
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -605,7 +604,7 @@ def gather(
         disk_free_bytes=disk_free,
         os=os_name,
         kernel=kernel,
-        python=platform.python_version() if str(root) == "/" else ".".join(map(str, sys.version_info[:3])),
+        python=platform.python_version(),
         compilers={k: v for k, v in versions.items() if v},
         cc=environ.get("CC"),
         cxx=environ.get("CXX"),
