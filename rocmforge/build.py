@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocmforge import __version__, buildlog, provenance, recipes
+from rocmforge import __version__, buildlog, compile_cache, provenance, recipes
 from rocmforge.config import Config, Package
 from rocmforge.console import console
 from rocmforge.errors import UserError
@@ -122,12 +122,18 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     # The fingerprint takes what rocmforge decides plus the caller's variables that shape
     # compiled code; the rest of the caller's environment (PATH of this shell, ...) must not
     # force a rebuild. The build itself runs in the caller's whole environment.
+    # The compile cache's variables are left out too: a cache hit is the object the compiler
+    # would have made, and a store's endpoint may carry a password.
     shaping = {k: os.environ[k] for k in SHAPING_VARIABLES if k in os.environ}
     own_env = {
-        **shaping,
-        **buildenv.build_environment(cfg, name, facts, base_env=shaping),
-        **recipe.environment(ctx),
-        **pkg.env,
+        key: value
+        for key, value in {
+            **shaping,
+            **buildenv.build_environment(cfg, name, facts, base_env=shaping),
+            **recipe.environment(ctx),
+            **pkg.env,
+        }.items()
+        if not compile_cache.is_cache_variable(key)
     }
     requirements = _without(recipe.build_requirements(ctx), deps.values())
     inputs = {
@@ -161,7 +167,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     (work / STATE_FILE).unlink(missing_ok=True)
 
     log = buildlog.log_path(cfg.build.logs_dir, name)
-    console.print(f"{name}: building from {checkout.path} (log: {log})")
+    console.print(f"{name}: building from {checkout.path} (log: {log})", soft_wrap=True)
     _make_venv(cfg, venv, requirements, list(deps.values()), house, log, label=f"{name}: build venv")
     env = {
         **os.environ,
@@ -172,6 +178,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     retries: list[str] = []
+    compile_cache.zero_stats(cfg, env)
     while True:
         ok = _run_steps(name, recipe, ctx, project_dir, env, log)
         if ok:
@@ -185,6 +192,8 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         console.print(f"{name}: retrying once: {note}")
         for stale in [dist, *recipe.stale_paths(ctx)]:
             _remove(stale)
+    if cache_line := compile_cache.stats_line(cfg, env):
+        console.print(f"{name}: {cache_line}", markup=False)
 
     built = _single_wheel(dist, name, log)
     record = {
@@ -230,7 +239,7 @@ def _report_failure(name: str, result: buildlog.StepResult) -> None:
     diagnosis = _diagnose(result.log)
     if diagnosis is not None:
         console.print(f"{name}: likely cause ({diagnosis.category}): {diagnosis.hint}", markup=False)
-    console.print(f"{name}: full log: {result.log}")
+    console.print(f"{name}: full log: {result.log}", soft_wrap=True)
 
 
 def _diagnose(log: Path):
