@@ -40,7 +40,8 @@ def commit(repo: Path, files: dict[str, str], message: str, *, gitlinks: dict[st
     for name, text in files.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_text(text)
-    git("add", "--all", ".", cwd=repo)
+    if files:  # only these: the work trees have no submodule checkouts for --all to "delete"
+        git("add", "--", *files, cwd=repo)
     for path, sha in (gitlinks or {}).items():
         git("update-index", "--add", "--cacheinfo", f"160000,{sha},{path}", cwd=repo)
     git("commit", "-q", "-m", message, cwd=repo)
