@@ -64,6 +64,24 @@ for _name, _pkg in CONFIG.packages.items():
 
 
 @nox.session(venv_backend="none")
+def lock(session: nox.Session) -> None:
+    """Check out every pin and write rocmforge.lock.toml (-- --locked: fail on any difference; --offline)."""
+    from rocmforge import lock
+
+    _announce(session)
+    lock.lock_session(session, CONFIG)
+
+
+@nox.session(venv_backend="none")
+def export(session: nox.Session) -> None:
+    """Export sources, patches, lock and build-requirement wheels for an offline build (-- DEST [--tar])."""
+    from rocmforge import bundle
+
+    _announce(session)
+    bundle.export_session(session, CONFIG)
+
+
+@nox.session(venv_backend="none")
 def index(session: nox.Session) -> None:
     """Regenerate the wheelhouse's simple index and constraints.txt; print the install commands."""
     from rocmforge import build
