@@ -107,7 +107,8 @@ def _require_same(locked: Mapping, current: Mapping, prefix: str) -> None:
 
 
 def _differences(a: Mapping, b: Mapping, prefix: str):
-    for key in sorted({*a, *b}):
+    # The fingerprint sums up the other keys: name what differs before it.
+    for key in sorted({*a, *b}, key=lambda k: (k == "fingerprint", k)):
         x, y = a.get(key), b.get(key)
         if isinstance(x, Mapping) and isinstance(y, Mapping):
             yield from _differences(x, y, f"{prefix}.{key}" if prefix else key)

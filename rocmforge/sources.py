@@ -750,13 +750,12 @@ def _bundle_dir() -> Path | None:
 # --------------------------------------------------------------------------- archives
 
 
-def _archive_location(pkg: Package, src: Source, *, offline: bool) -> tuple[str | None, str]:
+def _archive_location(pkg: Package, src: Source, *, offline: bool) -> tuple[str | None, str | None]:
     """(download URL, file name); the URL of a PyPI sdist comes from pip's configured index."""
     if src.kind == "url":
         return src.url, Path(urllib.parse.urlsplit(src.url).path).name or f"{pkg.name}.tar.gz"
-    filename = f"{src.name}-{src.version}.tar.gz"
     if offline:
-        return None, filename
+        return None, None  # the file name comes from the cache or the export
     return _sdist_url(src.name, src.version, src.sha256, what=pkg.name)
 
 
@@ -873,6 +872,10 @@ def archive_path(cache: Path, sha256: str, filename: str) -> Path:
 
 def _fetch_archive(cache, url, filename, sha256, *, offline, bundle, what) -> Path:
     """The verified archive in the cache; downloaded (or taken from an export) when missing."""
+    if filename is None:
+        places = [cache / "archives" / sha256, *([bundle / "archives" / sha256] if bundle else [])]
+        found = [p.name for d in places if d.is_dir() for p in d.iterdir() if not p.name.startswith(".")]
+        filename = found[0] if found else "archive"
     dest = archive_path(cache, sha256, filename)
     with file_lock(
         dest.parent.with_suffix(".lock"), what=f"fetching {filename}", on_wait=_waiting(str(dest))
@@ -888,7 +891,7 @@ def _fetch_archive(cache, url, filename, sha256, *, offline, bundle, what) -> Pa
         elif offline:
             where = f"the export {bundle}" if bundle else f"the cache ({dest.parent})"
             raise UserError(
-                f"{what}: offline, and {filename} (sha256 {sha256[:12]}…) is not in {where}; "
+                f"{what}: offline, and its archive (sha256 {sha256}) is not in {where}; "
                 "run once with network (or make a new export with `nox -s export`)"
             )
         dest.parent.mkdir(parents=True, exist_ok=True)

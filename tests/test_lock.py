@@ -1,0 +1,164 @@
+"""The lock file, locked mode, and the air-gapped export replayed with no network."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from gitrepos import GitDaemon, HttpServer, commit, git, git_package, make_upstream, write_config
+
+from rocmforge import bundle, lock, sources
+from rocmforge.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.setattr(sources, "RETRY_DELAYS", (0.1,))
+    monkeypatch.delenv("ROCMFORGE_LOCKED", raising=False)
+    monkeypatch.delenv("ROCMFORGE_OFFLINE_BUNDLE", raising=False)
+
+
+@pytest.fixture
+def up(tmp_path):
+    return make_upstream(tmp_path / "up")
+
+
+@pytest.fixture
+def daemon(up):
+    d = GitDaemon(up.served)
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def http(tmp_path):
+    (tmp_path / "www").mkdir()
+    server = HttpServer(tmp_path / "www")
+    yield server
+    server.close()
+
+
+def _archive(tmp_path: Path, http) -> str:
+    src = tmp_path / "arcsrc" / "arc-1.0"
+    src.mkdir(parents=True)
+    (src / "setup.py").write_text("pass\n")
+    out = tmp_path / "www" / "arc-1.0.tar.gz"
+    with tarfile.open(out, "w:gz") as tf:
+        tf.add(src, arcname="arc-1.0")
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    return f'[packages.arc]\nversion = "1.0"\n[packages.arc.source]\nkind = "url"\nurl = "{http.url(out.name)}"\nsha256 = "{sha}"\n'
+
+
+def _patch(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "patches" / "app" / "0001-readme.patch"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    return f'[[packages.app.patches]]\nfile = "0001-readme.patch"\nsha256 = "{sha}"\nreason = "test"\n'
+
+
+README_PATCH = (
+    "diff --git a/README b/README\n--- a/README\n+++ b/README\n@@ -1 +1 @@\n-app 2\n+app 2 patched\n"
+)
+
+
+def test_lock_records_every_pin_and_reads_as_a_list(tmp_path, up, daemon, http):
+    pkgs = (
+        git_package("app", daemon.url("app"), "v2")
+        + _patch(tmp_path, README_PATCH)
+        + _archive(tmp_path, http)
+    )
+    cfg = write_config(tmp_path, pkgs)
+    path = lock.write_lock(cfg)
+    text = path.read_text()
+    data = tomllib.loads(text)
+    app, arc = data["packages"]["app"], data["packages"]["arc"]
+    assert app["commit"] == up.shas["c2"] and app["version"] == "1.0"
+    assert app["submodules"] == {"ext/lib": up.shas["lib"], "ext/lib/deps/leaf": up.shas["leaf"]}
+    patch_sha = hashlib.sha256((tmp_path / "patches/app/0001-readme.patch").read_bytes()).hexdigest()
+    assert app["patches"] == {"0001-readme.patch": patch_sha}
+    assert app["fingerprint"] == sources.prepare(cfg, "app").fingerprint()
+    assert arc["sha256"] == hashlib.sha256((tmp_path / "www/arc-1.0.tar.gz").read_bytes()).hexdigest()
+    assert data["toolchain"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    # One fact per line: every line is a comment, a table header, blank, or `key = "value"`.
+    for line in text.splitlines():
+        assert line == "" or line.startswith(("#", "[")) or " = " in line
+    assert '"ext/lib/deps/leaf" = "' in text
+    lock.write_lock(cfg)
+    assert path.read_text() == text  # deterministic
+
+
+def test_locked_mode_replays_the_lock_and_refuses_differences(tmp_path, up, daemon, monkeypatch):
+    cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "main"))
+    lock.write_lock(cfg)
+    moved = commit(up.work("app"), {"README": "app 4\n"}, "upstream moved on")
+    up.publish("app")
+    monkeypatch.setenv("ROCMFORGE_LOCKED", "1")
+    (tmp_path / "third_party/.app.stamp.json").unlink()
+    co = sources.prepare(cfg, "app")
+    assert co.commit == up.shas["c3"]  # the lock's commit, not the branch's new tip
+    lock.write_lock(cfg)  # in locked mode: a check that passes
+    monkeypatch.delenv("ROCMFORGE_LOCKED")
+    assert sources.prepare(cfg, "app").commit == moved
+    monkeypatch.setenv("ROCMFORGE_LOCKED", "1")
+    cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "main", moved))
+    with pytest.raises(UserError) as err:
+        sources.prepare(cfg, "app")
+    assert str(err.value) == (
+        f"ROCMFORGE_LOCKED: packages.app.commit is {moved!r} but rocmforge.lock.toml has {up.shas['c3']!r}; "
+        "run `nox -s lock` to accept the change, or restore the config that made the lock"
+    )
+
+
+def _wheel(directory: Path) -> Path:
+    """A real (tiny) wheel of the test project's build requirement."""
+    directory.mkdir(parents=True)
+    path = directory / "rftest_dep-1.0-py3-none-any.whl"
+    files = {
+        "rftest_dep/__init__.py": "",
+        "rftest_dep-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: rftest-dep\nVersion: 1.0\n",
+        "rftest_dep-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "rftest_dep-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in {**files, "rftest_dep-1.0.dist-info/RECORD": record}.items():
+            zf.writestr(name, text)
+    return path
+
+
+def test_export_builds_with_no_network(tmp_path, up, daemon, http, monkeypatch):
+    pkgs = (
+        git_package("app", daemon.url("app"), "v2")
+        + _patch(tmp_path, README_PATCH)
+        + _archive(tmp_path, http)
+    )
+    cfg = write_config(tmp_path, pkgs)
+    wheel = _wheel(tmp_path / "index")
+    dest = bundle.export(cfg, tmp_path / "export", pip_args=("--no-index", "--find-links", str(wheel.parent)))
+    originals = {n: sources.prepare(cfg, n).fingerprint() for n in ("app", "arc")}
+    assert len(list((dest / "git").glob("*.bundle"))) == 3  # app, its submodule, the submodule's submodule
+    assert (dest / "wheels" / wheel.name).is_file()
+    assert (dest / "rocmforge.lock.toml").is_file() and (dest / "patches/app/0001-readme.patch").is_file()
+    # The air-gapped machine: no servers, an empty cache and no checkouts.
+    daemon.stop()
+    http.close()
+    elsewhere = tmp_path / "airgapped"
+    elsewhere.mkdir()
+    (elsewhere / "patches").symlink_to(tmp_path / "patches")
+    offline_cfg = write_config(elsewhere, pkgs)
+    monkeypatch.setenv("ROCMFORGE_OFFLINE_BUNDLE", str(dest))
+    for name, fingerprint in originals.items():
+        co = sources.prepare(offline_cfg, name)
+        assert co.fingerprint() == fingerprint and co.path.is_relative_to(elsewhere)
+    assert (elsewhere / "third_party/app/README").read_text() == "app 2 patched\n"
+    assert (elsewhere / "third_party/app/ext/lib/deps/leaf/leaf.txt").read_text() == "leaf 2\n"
+    assert git("rev-parse", "HEAD", cwd=elsewhere / "third_party/app/ext/lib") == up.shas["lib"]
