@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from rocmforge import compile_cache
 from rocmforge.config import Config, Package
 from rocmforge.errors import UserError
 from rocmforge.host import HostFacts, RocmInstall, selected_rocm
@@ -28,7 +29,6 @@ GIB = 1 << 30
 # Directories the dynamic linker and cmake search anyway; putting them first would shadow
 # the user's own PATH order (Debian's ROCm lives here).
 SYSTEM_DIRS = re.compile(r"/usr|/usr/bin|/usr/lib(?:64|/[^/]+-linux-gnu)?|/bin|/lib(?:64)?")
-LAUNCHER_LANGS = {"rocm": ("C", "CXX", "HIP"), "cuda": ("C", "CXX", "CUDA"), "cpu": ("C", "CXX")}
 
 
 def satisfies(version: str | None, spec: str) -> bool:
@@ -147,16 +147,7 @@ def build_environment(
         env["CXX"] = cxx
     env["CFLAGS"] = _flags(base.get("CFLAGS"), cfg.build.opt_level)
     env["CXXFLAGS"] = _flags(base.get("CXXFLAGS"), cfg.build.opt_level)
-    tool = cfg.build.compile_cache
-    if tool != "none":
-        launcher = {"ccache": facts.ccache, "sccache": facts.sccache}[tool]
-        if not launcher:
-            raise UserError(
-                f"build.compile_cache is {tool!r} but {tool} is not on PATH; "
-                "install it or set compile_cache = 'none'"
-            )
-        for lang in LAUNCHER_LANGS[backend]:
-            env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = launcher
+    env.update(compile_cache.launcher_env(cfg, facts))
     env.update(package.env)
     return env
 

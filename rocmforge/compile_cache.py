@@ -32,11 +32,17 @@ from packaging.version import InvalidVersion, Version
 
 from rocmforge.config import Config
 from rocmforge.errors import UserError
+from rocmforge.host import selected_rocm
 
 # hipcc runs "<HIP_CLANG_LAUNCHER> <clang> ..." from this ROCm on (ROCm/llvm-project#1490);
 # older hipcc ignores the variable, so setting it there would only mislead.
 HIP_CLANG_LAUNCHER_SINCE = Version("7.13")
-LAUNCHER_LANGUAGES = ("C", "CXX")
+# The languages CMake compiles per backend; the cache goes in front of each.
+LAUNCHER_LANGUAGES = {"rocm": ("C", "CXX", "HIP"), "cuda": ("C", "CXX", "CUDA"), "cpu": ("C", "CXX")}
+_LAUNCHER_VARIABLES = frozenset(
+    {f"CMAKE_{lang}_COMPILER_LAUNCHER" for langs in LAUNCHER_LANGUAGES.values() for lang in langs}
+    | {"HIP_CLANG_LAUNCHER"}
+)
 # sccache serves one configuration per server; a port per store keeps a server started for one
 # store from silently serving a build configured for another (it ignores the new variables).
 _PORT_BASE, _PORT_SPAN = 10000, 20000
@@ -83,7 +89,7 @@ def launcher_env(cfg: Config, facts: Any) -> dict[str, str]:
 
     ``facts`` is ``host.HostFacts`` or a mapping ``{"sccache": path, "ccache": path,
     "rocm_version": "7.2"}`` (a missing ROCm version falls back to ``toolchain.rocm_version``).
-    Empty when the cache is off. Raises ``UserError`` when the chosen tool is not installed.
+    Empty when the cache is off. Raises ``UserError`` when the chosen tool is not on PATH.
     """
     tool = cfg.build.compile_cache
     if tool == "none":
@@ -91,18 +97,28 @@ def launcher_env(cfg: Config, facts: Any) -> dict[str, str]:
     exe = _tool_path(tool, facts)
     if not exe:
         raise UserError(
-            f"build.compile_cache: {tool} is not installed; `pip install {tool}`"
+            f"build.compile_cache: {tool} is not on PATH; `pip install {tool}`"
             f'{" or apt install ccache" if tool == "ccache" else ""}, or set compile_cache = "none"'
         )
     store = cfg.build.cache_store
-    env = {f"CMAKE_{lang}_COMPILER_LAUNCHER": exe for lang in LAUNCHER_LANGUAGES}
-    if store.hip:
-        env["CMAKE_HIP_COMPILER_LAUNCHER"] = exe
+    languages = [lang for lang in LAUNCHER_LANGUAGES[cfg.build.backend] if store.hip or lang != "HIP"]
+    env = {f"CMAKE_{lang}_COMPILER_LAUNCHER": exe for lang in languages}
+    if "HIP" in languages:
         rocm = _rocm_version(cfg, facts)
         if rocm is not None and rocm >= HIP_CLANG_LAUNCHER_SINCE:
             env["HIP_CLANG_LAUNCHER"] = exe
     env.update(_sccache_env(cfg) if tool == "sccache" else _ccache_env(cfg))
     return env
+
+
+def is_cache_variable(name: str) -> bool:
+    """Whether ``name`` is one that :func:`launcher_env` sets or the cache tools read.
+
+    A cache serves the objects the compiler would have made, so these variables must not
+    change a build's fingerprint, and they stay out of the provenance inside wheels: a store's
+    endpoint can carry a password.
+    """
+    return name.startswith(("SCCACHE_", "CCACHE_")) or name in _LAUNCHER_VARIABLES
 
 
 def _sccache_env(cfg: Config) -> dict[str, str]:
@@ -168,13 +184,12 @@ def _tool_path(tool: str, facts: Any) -> str | None:
 
 
 def _rocm_version(cfg: Config, facts: Any) -> Version | None:
-    """The ROCm whose hipcc the build will run: the host's first hipcc, else the pinned one."""
+    """The ROCm whose hipcc the build will run (the one buildenv selects), else the pinned one."""
     if isinstance(facts, Mapping):
         text = facts.get("rocm_version")
     else:
-        first = getattr(facts, "first_hipcc", None)
-        installs = getattr(facts, "rocm_installs", ())
-        text = next((r.version for r in installs if first and r.hipcc == first), None)
+        rocm = selected_rocm(facts)
+        text = rocm.version if rocm else None
     text = text or cfg.rocm_version
     try:
         return Version(text) if text else None
@@ -246,6 +261,15 @@ def stats(cfg: Config, env: Mapping[str, str] | None = None) -> CacheStats | Non
     if tool == "sccache":
         return _sccache_stats(json.loads(_run(cfg, env, "--show-stats", "--stats-format", "json")))
     return _ccache_stats(_run(cfg, env, "--print-stats"), describe(cfg))
+
+
+def stats_line(cfg: Config, env: Mapping[str, str]) -> str | None:
+    """The line a finished build prints: the statistics, or why there are none (never raises)."""
+    try:
+        result = stats(cfg, env)
+    except UserError as exc:  # a finished build must not fail over its statistics
+        return f"{cfg.build.compile_cache} statistics unavailable: {exc}"
+    return result.summary() if result else None
 
 
 def _sccache_stats(data: Mapping[str, Any]) -> CacheStats:

