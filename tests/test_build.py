@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmforge.wheelfile import wheel_name
+from rocmforge.wheelfile import read_member, wheel_name
 from rocmforge.wheelhouse import Wheelhouse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,3 +290,29 @@ def test_prebuilt_wheel_is_published_byte_identical(tmp_path):
     assert file_sha256(result.wheel) == file_sha256(original)
     assert build_package(cfg, "tinyvendor", facts=facts).status == "up to date"
     assert wheel_name(result.wheel).version == "3.1"
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_real_vllm_sdist_through_the_vllm_session(tmp_path):
+    """vLLM 0.33.0 from its real sdist, VLLM_TARGET_DEVICE=empty, through `nox -s vllm`."""
+    config = tmp_path / "examples" / "vllm-empty.toml"
+    config.parent.mkdir()
+    shutil.copy(EXAMPLES / "vllm-empty.toml", config)
+    proc = nox(config, "vllm")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    house = Wheelhouse(tmp_path / "build" / "vllm-empty" / "wheelhouse")
+    (vllm,) = house.find("vllm")
+    assert vllm.version == "0.33.0+empty"
+    record = json.loads(read_member(vllm.path, "rocmforge.json"))
+    assert record["env"]["VLLM_TARGET_DEVICE"] == "empty"
+    assert record["source"]["sha256"] == "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
+    assert set(record["dependencies"]) == {"torch"}
+    # No build isolation: the build venv holds the wheelhouse's torch, not the one vLLM pins.
+    (torch,) = house.find("torch")
+    log = (tmp_path / "build" / "vllm-empty" / "logs" / "vllm.log").read_text()
+    assert torch.path.name in log and "torch==2.14.0" not in log
+    start = time.monotonic()
+    again = nox(config, "vllm")
+    print(f"no-op re-run of torch+vllm: {time.monotonic() - start:.1f}s")
+    assert again.returncode == 0 and again.stderr.count(": up to date (") == 2
