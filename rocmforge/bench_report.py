@@ -226,6 +226,7 @@ def failures(report: dict) -> list[str]:
 
 def print_summary(report: dict, console) -> None:
     """The table of all cases, then the Triton comparison, cross-check, vLLM, skips and clocks."""
+    from rich.console import Console
     from rich.table import Table
 
     peak = report.get("peak")
@@ -234,7 +235,8 @@ def print_summary(report: dict, console) -> None:
         table.add_column(column, justify="left" if column in ("case", "env") else "right")
     for row in table_rows(report):
         table.add_row(*row)
-    console.print(table, width=max(console.width, 150))  # rows stay one line in logs and CI
+    # Rows stay one line each in logs and CI, where the console's width falls back to 80.
+    Console(file=console.file, width=max(console.width, 150), highlight=False).print(table)
     if peak:
         console.print(f"peaks: {peak['tflops']} TFLOP/s dense, {peak['mem_tbps']} TB/s ({peak['source']})")
     for row in report.get("triton_vs_torch", []):

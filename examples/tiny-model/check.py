@@ -17,7 +17,7 @@ text = "Hello, wörld!"
 ids = tokenizer(text)["input_ids"]
 assert tokenizer.decode(ids, skip_special_tokens=True) == text, "tokenizer does not round-trip"
 device = "cuda" if torch.cuda.is_available() else "cpu"
-model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16).to(device)
+model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=torch.bfloat16)
 params = sum(p.numel() for p in model.parameters())
 out = model.generate(torch.tensor([ids], device=device), max_new_tokens=8, do_sample=False)
 assert out.shape == (1, len(ids) + 8), out.shape
