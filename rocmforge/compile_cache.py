@@ -20,13 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from packaging.version import InvalidVersion, Version
 
@@ -46,6 +46,7 @@ _LAUNCHER_VARIABLES = frozenset(
 # sccache serves one configuration per server; a port per store keeps a server started for one
 # store from silently serving a build configured for another (it ignores the new variables).
 _PORT_BASE, _PORT_SPAN = 10000, 20000
+_PASSWORD_RE = re.compile(r"(://[^:/@\s]*:)\S+@")
 
 
 @dataclass(frozen=True)
@@ -208,14 +209,9 @@ def describe(cfg: Config) -> str:
     return f"{where} at {_redact(store.url)}" if store.url else where
 
 
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username}:" if parts.username else ":"
-    host = parts.hostname or ""
-    netloc = f"{user}***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+def _redact(text: str) -> str:
+    """``text`` with the password of every URL in it masked (``redis://:***@host``)."""
+    return _PASSWORD_RE.sub(r"\1***@", text)
 
 
 def _run(cfg: Config, env: Mapping[str, str], *args: str) -> str:
@@ -276,7 +272,7 @@ def _sccache_stats(data: Mapping[str, Any]) -> CacheStats:
     s = data["stats"]
     return CacheStats(
         tool="sccache",
-        location=data.get("cache_location", ""),
+        location=_redact(data.get("cache_location", "")),
         hits=sum(s["cache_hits"]["counts"].values()),
         misses=sum(s["cache_misses"]["counts"].values()),
         uncacheable=s["requests_not_cacheable"] + s["requests_unsupported_compiler"],
