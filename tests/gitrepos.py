@@ -120,7 +120,10 @@ _PYPROJECT = '[build-system]\nrequires = ["rftest-dep>=1"]\nbuild-backend = "set
 
 def write_config(base: Path, packages: str, *, cache: Path | None = None) -> Config:
     """A build_config.toml in ``base`` with its cache and third_party inside ``base``."""
-    text = f'[build]\narch = ["gfx942"]\nthird_party = "third_party"\ncache_dir = "{cache or base / "cache"}"\n\n{packages}'
+    build = (
+        f'[build]\narch = ["gfx942"]\nthird_party = "third_party"\ncache_dir = "{cache or base / "cache"}"\n'
+    )
+    text = f"{build}\n{packages}"
     (base / "build_config.toml").write_text(text)
     return load_config(base / "build_config.toml", environ={})
 
@@ -134,6 +137,14 @@ def git_package(
     if commit:
         lines.append(f'commit = "{commit}"')
     return "\n".join(line for line in lines if line) + "\n"
+
+
+def url_package(name: str, url: str, sha256: str) -> str:
+    """TOML for one package from a URL archive."""
+    return (
+        f'[packages.{name}]\nversion = "1.0"\n[packages.{name}.source]\nkind = "url"\n'
+        f'url = "{url}"\nsha256 = "{sha256}"\n'
+    )
 
 
 def snapshot(*roots: Path, mtimes: bool = False) -> dict[str, tuple]:

@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from gitrepos import GitDaemon, HttpServer, commit, git, git_package, make_upstream, write_config
+from gitrepos import GitDaemon, HttpServer, commit, git, git_package, make_upstream, url_package, write_config
 
 from rocmforge import bundle, lock, sources
 from rocmforge.errors import UserError
@@ -55,7 +55,7 @@ def _archive(tmp_path: Path, http) -> str:
     with tarfile.open(out, "w:gz") as tf:
         tf.add(src, arcname="arc-1.0")
     sha = hashlib.sha256(out.read_bytes()).hexdigest()
-    return f'[packages.arc]\nversion = "1.0"\n[packages.arc.source]\nkind = "url"\nurl = "{http.url(out.name)}"\nsha256 = "{sha}"\n'
+    return url_package("arc", http.url(out.name), sha)
 
 
 def _patch(tmp_path: Path, text: str) -> str:
@@ -126,7 +126,9 @@ def _wheel(directory: Path) -> Path:
     files = {
         "rftest_dep/__init__.py": "",
         "rftest_dep-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: rftest-dep\nVersion: 1.0\n",
-        "rftest_dep-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "rftest_dep-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = "".join(f"{name},,\n" for name in files) + "rftest_dep-1.0.dist-info/RECORD,,\n"
     with zipfile.ZipFile(path, "w") as zf:

@@ -110,7 +110,8 @@ def test_patch_that_no_longer_applies_names_file_and_hunk(tmp_path, up):
     with pytest.raises(UserError) as err:
         sources.prepare(cfg, "app")
     assert str(err.value) == (
-        "0001-two-hunks.patch no longer applies: long.txt, hunk #2 (@@ -47,7 +47,7 @@) does not match the source; "
+        "0001-two-hunks.patch no longer applies: long.txt, hunk #2 (@@ -47,7 +47,7 @@) "
+        "does not match the source; "
         "refresh the patch or drop it (packages.app.patches[0])"
     )
     assert snapshot(tree) == before
