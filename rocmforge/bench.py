@@ -500,7 +500,7 @@ def main(args: argparse.Namespace) -> int:
             worker.close()
     if "vllm" in sections:
         report["vllm"] = run_vllm(envs, probes, args.model.resolve(), 2 if len(envs) == 2 else 1, out)
-        report["clocks"].append(query_clocks("after vllm"))
+    report["clocks"].append(query_clocks("end"))
     return _finish(report, out)
 
 
