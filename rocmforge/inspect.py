@@ -56,6 +56,7 @@ EM_CUDA = 190
 # v3: u64 total size, u64 uncompressed size; all followed by a u64 truncated MD5.
 _CCOB_HEADER = {1: 20, 2: 24, 3: 32}
 _CCOB_METHODS = {0: "zlib", 1: "zstd"}  # llvm::compression::Format
+_READ_SLICE = 16 << 20  # wheel members are inflated into memory this much at a time
 _CCOB_FEED = 4096  # compressed bytes fed per step while waiting for a complete entry table
 
 # EF_AMDGPU_MACH values (LLVM AMDGPUUsage, "AMDGPU ELF Header" table).
@@ -520,6 +521,23 @@ def _report_buffer(buf, path: str, member: str | None, start: int, end: int) -> 
         yield FileReport(path, member, tuple(find_bundles(buf, start, end)))
 
 
+def _read_member(fh, head: bytes, size: int) -> bytearray:
+    """The rest of an open zip member into one buffer: in memory, never on disk.
+
+    Filled in slices, so a 1 GB library needs 1 GB, not the 2 GB of ``read()``'s join.
+    """
+    data = bytearray(size)
+    data[: len(head)] = head
+    view, pos = memoryview(data), len(head)
+    while pos < size:
+        n = fh.readinto(view[pos : min(pos + _READ_SLICE, size)])
+        if not n:
+            raise EOFError(f"member ends after {pos} of {size} bytes")
+        pos += n
+    view.release()
+    return data
+
+
 def _report_zip(path: Path) -> Iterator[FileReport]:
     try:
         archive = zipfile.ZipFile(path)
@@ -529,11 +547,14 @@ def _report_zip(path: Path) -> Iterator[FileReport]:
         for info in archive.infolist():
             if info.is_dir() or info.file_size < 64:
                 continue
-            with archive.open(info) as fh:
-                head = fh.read(8)
-                if not head.startswith((ELF_MAGIC, AR_MAGIC, BUNDLE_MAGIC, CCOB_MAGIC)):
-                    continue
-                data = head + fh.read()
+            try:
+                with archive.open(info) as fh:
+                    head = fh.read(8)  # inflates only the first bytes of a member we skip
+                    if not head.startswith((ELF_MAGIC, AR_MAGIC, BUNDLE_MAGIC, CCOB_MAGIC)):
+                        continue
+                    data = _read_member(fh, head, info.file_size)
+            except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                raise UserError(f"cannot read {info.filename} in {path}: {exc}") from None
             yield from _report_buffer(data, str(path), info.filename, 0, len(data))
 
 
