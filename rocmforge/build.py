@@ -180,10 +180,12 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     retries: list[str] = []
     compile_cache.zero_stats(cfg, env)
     while True:
-        ok = _run_steps(name, recipe, ctx, project_dir, env, log)
-        if ok:
+        failed = _run_steps(name, recipe, ctx, project_dir, env, log)
+        if failed is None:
             break
-        plan = None if retries else _retry_plan(cfg, log, env)
+        diagnosis = _diagnose(failed.log)
+        _report_failure(name, failed, diagnosis)
+        plan = None if retries else _retry_plan(cfg, diagnosis, env)
         if plan is None:
             _withdraw_stale(house, name, current)
             raise UserError(f"{name}: build failed; full log: {log}")
@@ -219,31 +221,30 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     return Result(name, "built", entry.path, time.monotonic() - start)
 
 
-def _run_steps(name: str, recipe, ctx, project_dir: Path, env: dict[str, str], log: Path) -> bool:
-    """The recipe's preparation commands and the build; False after the first failure."""
+def _run_steps(name: str, recipe, ctx, project_dir: Path, env: dict[str, str], log: Path):
+    """The recipe's preparation commands and the build; the failed step's result, or None."""
     steps = [*recipe.prepare_commands(ctx), recipe.build_command(ctx)]
     for i, argv in enumerate(steps, 1):
         label = f"{name}: build" if i == len(steps) else f"{name}: {Path(argv[1]).name}"
         result = buildlog.run_step(label, argv, cwd=project_dir, env=env, log=log)
         if not result.ok:
-            _report_failure(name, result)
-            return False
+            return result
         console.print(f"{label} done in {result.seconds:.0f}s")
-    return True
+    return None
 
 
-def _report_failure(name: str, result: buildlog.StepResult) -> None:
+def _report_failure(name: str, result: buildlog.StepResult, diagnosis=None) -> None:
+    """The lines that matter, the diagnosis when one is known, and the log path."""
     console.print(f"[red]{name}: failed (exit {result.returncode}) after {result.seconds:.0f}s[/red]")
     for line in buildlog.lines_that_matter(result.tail):
         console.print(f"  {line}", markup=False)
-    diagnosis = _diagnose(result.log)
-    if diagnosis is not None:
+    if diagnosis is not None and diagnosis.category != "unknown":
         console.print(f"{name}: likely cause ({diagnosis.category}): {diagnosis.hint}", markup=False)
     console.print(f"{name}: full log: {result.log}", soft_wrap=True)
 
 
 def _diagnose(log: Path):
-    """The diagnosis of a failed build's log, when ``rocmforge.diagnose`` knows the failure."""
+    """The diagnosis of a failed build's log (``rocmforge.diagnose``, where installed)."""
     try:
         diagnose = importlib.import_module("rocmforge.diagnose")
     except ImportError:
@@ -251,13 +252,11 @@ def _diagnose(log: Path):
     return diagnose.diagnose_text(log.read_text(errors="replace"))
 
 
-def _retry_plan(cfg: Config, log: Path, env: dict[str, str]):
-    """``(new_env, note)`` when the diagnosis says a changed environment can fix the failure."""
-    diagnosis = _diagnose(log)
+def _retry_plan(cfg: Config, diagnosis, env: dict[str, str]):
+    """``(new_env, note)`` when the diagnosis has a remedy the config allows, else None."""
     if diagnosis is None:
         return None
-    diagnose = importlib.import_module("rocmforge.diagnose")
-    retry_plan = getattr(diagnose, "retry_plan", None)
+    retry_plan = getattr(importlib.import_module("rocmforge.diagnose"), "retry_plan", None)
     return retry_plan(diagnosis, dict(env), cfg) if retry_plan else None
 
 

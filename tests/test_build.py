@@ -316,3 +316,112 @@ def test_real_vllm_sdist_through_the_vllm_session(tmp_path):
     again = nox(config, "vllm")
     print(f"no-op re-run of torch+vllm: {time.monotonic() - start:.1f}s")
     assert again.returncode == 0 and again.stderr.count(": up to date (") == 2
+
+
+# A build that runs out of memory while compiling with more than one job, the way GCC reports
+# it (from the OOM killer); with one job fewer it fits.
+_OOM_SETUP = """
+import os
+import sys
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class build_py_checking_memory(build_py):
+    def run(self):
+        if int(os.environ["MAX_JOBS"]) > 2:
+            print("g++: fatal error: Killed signal terminated program cc1plus", flush=True)
+            print("compilation terminated.", flush=True)
+            sys.exit(1)
+        super().run()
+
+
+setup(cmdclass={"build_py": build_py_checking_memory})
+"""
+
+
+def test_a_diagnosed_failure_is_retried_once_and_recorded(tmp_path):
+    from rocmforge.build import build_package
+    from rocmforge.config import load_config
+
+    project = tmp_path / "hungry"
+    (project / "hungry").mkdir(parents=True)
+    (project / "hungry" / "__init__.py").write_text("")
+    (project / "setup.py").write_text(_OOM_SETUP)
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "hungry"\nversion = "0.1"\n'
+    )
+    config = tmp_path / "rocmforge.toml"
+    config.write_text(
+        '[build]\nbackend = "cpu"\njobs = 4\nretry = ["oom_compiler"]\nwork_dir = "out"\n'
+        'wheelhouse = "out/wheelhouse"\nlogs_dir = "out/logs"\n'
+        f'[packages.hungry.source]\nkind = "path"\npath = "{project}"\n'
+    )
+    result = build_package(load_config(config, environ={}), "hungry")
+    record = json.loads(read_member(result.wheel, "rocmforge.json"))
+    assert len(record["retries"]) == 1 and "MAX_JOBS 4 -> 2" in record["retries"][0]
+    log = (tmp_path / "out" / "logs" / "hungry.log").read_text()
+    assert log.count("Killed signal terminated program cc1plus") == 1
+
+
+def _record_is_honest(wheel: Path) -> None:
+    """Every member's RECORD hash and size match its bytes, and every member is listed."""
+    import base64
+    import csv
+    import hashlib
+    import io
+
+    with zipfile.ZipFile(wheel) as zf:
+        (record_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/RECORD")]
+        rows = {r[0]: r for r in csv.reader(io.StringIO(zf.read(record_name).decode()))}
+        assert set(rows) == set(zf.namelist())
+        for name in zf.namelist():
+            if name == record_name:
+                continue
+            data = zf.read(name)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert rows[name][1:] == [f"sha256={digest}", str(len(data))], name
+
+
+def test_own_triton_drops_torchs_triton_requirement(tmp_path):
+    """A vendor torch wheel taken prebuilt while we build Triton: its PyPI Triton pin must go."""
+    from rocmforge.build import build_package
+    from rocmforge.config import load_config
+    from rocmforge.wheelfile import read_metadata
+
+    project = tmp_path / "torchlike"
+    (project / "torch").mkdir(parents=True)
+    (project / "torch" / "__init__.py").write_text("")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "torch"\nversion = "2.13.0+rocm7.2"\n'
+        'dependencies = ["pytorch-triton-rocm==3.8.0", "filelock"]\n'
+    )
+    vendor = tmp_path / "vendor"
+    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(vendor), str(project)], check=True)
+    config = tmp_path / "rocmforge.toml"
+    config.write_text(
+        '[build]\nbackend = "cpu"\nwork_dir = "out"\nwheelhouse = "out/wheelhouse"\nlogs_dir = "out/logs"\n'
+        '[packages.pytorch]\nrecipe = "pytorch"\n'
+        f'[packages.pytorch.prebuilt]\nrequirement = "torch"\nindex = "{vendor}"\n'
+        f'[packages.triton]\nrecipe = "triton"\n[packages.triton.source]\nkind = "path"\npath = "{project}"\n'
+    )
+    wheel = build_package(load_config(config, environ={}), "pytorch").wheel
+    assert read_metadata(wheel).get_all("Requires-Dist") == ["filelock"]
+    record = json.loads(read_member(wheel, "rocmforge.json"))
+    assert record["dropped_requirements"] == ["pytorch-triton-rocm==3.8.0"]
+    assert record["source"]["kind"] == "prebuilt"
+    _record_is_honest(wheel)
+    python = venv_with(tmp_path, str(wheel), installer="pip")
+    subprocess.run([str(python), "-m", "pip", "check"], check=True)
+    python = venv_with(tmp_path / "uv", str(wheel))
+    subprocess.run([str(python), "-m", "pip", "check"], check=True)
+
+
+def test_local_label_is_added_and_record_rewritten(built):
+    _root, _config, house, _proc = built
+    for entry in house.entries():
+        assert entry.version.endswith("+rf")
+        _record_is_honest(entry.path)
