@@ -13,6 +13,7 @@ HERE = Path(__file__).resolve().parent
 
 config = AutoConfig.from_pretrained(HERE)
 tokenizer = AutoTokenizer.from_pretrained(HERE)
+assert len(tokenizer) == config.vocab_size, "every id the model can emit must decode"
 text = "Hello, wörld!"
 ids = tokenizer(text)["input_ids"]
 assert tokenizer.decode(ids, skip_special_tokens=True) == text, "tokenizer does not round-trip"
