@@ -118,9 +118,12 @@ def lines_that_matter(tail: tuple[str, ...] | list[str], limit: int = 15) -> lis
 def log_path(logs_dir: Path, package: str) -> Path:
     """A new log file for one build of ``package``; ``<package>.log`` links to the latest."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = logs_dir / f"{package}-{stamp}-{os.getpid()}.log"
-    latest = logs_dir / f"{package}.log"
     logs_dir.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while (path := logs_dir / f"{package}-{stamp}-{n}.log").exists():
+        n += 1
+    path.touch()
+    latest = logs_dir / f"{package}.log"
     tmp = logs_dir / f".{package}.log.{os.getpid()}"
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(path.name)
