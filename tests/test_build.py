@@ -238,14 +238,18 @@ def test_changing_the_arch_list_rebuilds_cleanly(tmp_path):
 
 @pytest.mark.slow
 def test_failing_build_leaves_no_wheel_and_no_index_entry(tmp_path):
+    assert nox(write_config(tmp_path), "patchme").returncode == 0
+    house = Wheelhouse(tmp_path / "out" / "wheelhouse")
+    assert house.find("patchme")
+    # The patch dropped from the config: the build fails, and the wheel built with it goes too.
     config = write_config(tmp_path, patched=False)
     proc = nox(config, "patchme")
     assert proc.returncode != 0
+    assert "patchme: rebuilding, changed: patches, source" in proc.stderr
     log = tmp_path / "out" / "logs" / "patchme.log"
     assert "full log:" in proc.stderr and log.is_file()
     assert "PATCHME_ANSWER" in proc.stderr  # the compiler's error line is shown
     assert "PATCHME_ANSWER" in log.read_text()
-    house = Wheelhouse(tmp_path / "out" / "wheelhouse")
     assert house.find("patchme") == []
     assert not (house.simple / "patchme").exists()
 
