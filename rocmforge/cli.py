@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "arch": ("rocmforge.arch_detect", "list GPU archs of this machine or of saved tool output"),
     "env": ("rocmforge.buildenv", "print the build environment of a package"),
     "inspect": ("rocmforge.inspect", "list the GPU code objects inside .so files and wheels"),
+    "verify": ("rocmforge.verify", "prove an environment runs: archs, libraries, versions, imports, GPU"),
     "diagnose": ("rocmforge.diagnose", "find the cause of a failed build or run in its log"),
     "checkout": ("rocmforge.sources", "check out the pinned sources (with patches) into third_party/"),
     "patch": ("rocmforge.patches", "turn your edits in third_party/<pkg> into a new patch file"),

@@ -221,8 +221,11 @@ def _covers_cuda(targets: list[str], required: str) -> bool:
     return False
 
 
-def parse_required(text: str) -> tuple[str, ...]:
-    """``gfx90a,gfx942`` (commas or semicolons) -> normalised target IDs and sm_XX names."""
+def parse_required(text: str, *, key: str = "--require") -> tuple[str, ...]:
+    """``gfx90a,gfx942`` (commas or semicolons) -> normalised target IDs and sm_XX names.
+
+    ``key`` names the option the text came from, for the error message.
+    """
     out = []
     for item in filter(None, (p.strip() for p in re.split(r"[,;\s]+", text))):
         if _is_cuda(item):
@@ -231,9 +234,9 @@ def parse_required(text: str) -> tuple[str, ...]:
         try:
             out.append(str(parse_target_id(item.lower())))
         except ValueError as exc:
-            raise UserError(f"--require: {exc}; use names such as gfx90a,gfx942 or sm_90") from None
+            raise UserError(f"{key}: {exc}; use names such as gfx90a,gfx942 or sm_90") from None
     if not out:
-        raise UserError("--require: no arch given; use names such as gfx90a,gfx942")
+        raise UserError(f"{key}: no arch given; use names such as gfx90a,gfx942")
     return tuple(out)
 
 

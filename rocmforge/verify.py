@@ -560,16 +560,19 @@ def nox_session(session, cfg) -> None:
     args = build_parser().parse_args(session.posargs)
     venv = cfg.build.work_dir / "verify-venv"
     session.log(f"installing {cfg.build.wheelhouse} into a fresh venv at {venv}")
-    python, wheels = fresh_venv(venv, cfg.build.wheelhouse, cfg.build.python or sys.executable)
-    archs = tuple(args.arch.split(",")) if args.arch else required_archs(cfg)
-    checks = run(python, archs=archs, wheels=wheels, gpu=not args.no_gpu, static=not args.gpu_only)
+    try:
+        python, wheels = fresh_venv(venv, cfg.build.wheelhouse, cfg.build.python or sys.executable)
+        checks = run(
+            python, archs=_archs(args, cfg), wheels=wheels, gpu=not args.no_gpu, static=not args.gpu_only
+        )
+    except UserError as exc:
+        session.error(str(exc))
     if report(checks, as_json=args.json):
         session.error("verify failed: see the table above")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Options shared by ``python -m rocmforge.verify`` and ``nox -s verify -- ...``."""
-    parser = argparse.ArgumentParser(prog="python -m rocmforge.verify", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``python -m rocmforge verify`` (also ``nox -s verify -- ...``)."""
     parser.add_argument("--python", default=sys.executable, help="interpreter of the environment to check")
     parser.add_argument(
         "--wheelhouse", type=Path, help="also check these wheels' code objects and provenance"
@@ -580,33 +583,40 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--gpu-only", action="store_true", help="only the GPU checks")
     gpu.add_argument("--no-gpu", action="store_true", help="skip the GPU checks")
     parser.add_argument("--json", action="store_true", help="JSON on stdout instead of the table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser the nox session reads its ``--`` arguments with."""
+    parser = argparse.ArgumentParser(prog="nox -s verify --", description=__doc__.splitlines()[0])
+    add_arguments(parser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Check an existing environment (``--python``), optionally with the wheels it came from."""
-    args = build_parser().parse_args(argv)
+def _archs(args: argparse.Namespace, cfg=None) -> tuple[str, ...]:
     if args.arch:
-        archs = inspect.parse_required(args.arch)
-    else:
+        return inspect.parse_required(args.arch, key="--arch")
+    if cfg is None:
         from rocmforge.config import load_config
 
-        archs = required_archs(load_config())
+        cfg = load_config()
+    return required_archs(cfg)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Check an existing environment (``--python``), optionally with the wheels it came from."""
     wheels = sorted(args.wheelhouse.glob("*.whl")) if args.wheelhouse else []
-    try:
-        checks = run(
-            args.python,
-            archs=archs,
-            wheels=wheels,
-            static=not args.gpu_only,
-            gpu=not args.no_gpu,
-            model=args.model,
-        )
-    except UserError as exc:
-        print(f"rocmforge verify: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    checks = run(
+        args.python,
+        archs=_archs(args),
+        wheels=wheels,
+        static=not args.gpu_only,
+        gpu=not args.no_gpu,
+        model=args.model,
+    )
     return report(checks, as_json=args.json)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rocmforge.cli import main as cli_main
+
+    sys.exit(cli_main(["verify", *sys.argv[1:]]))
