@@ -207,10 +207,7 @@ def _runs_in_mode(target: TargetID, sramecc: bool, xnack: bool) -> bool:
 
 
 def _covers_cuda(targets: list[str], required: str) -> bool:
-    m = _SM_RE.match(required)
-    if not m:
-        raise UserError(f"--require: {required!r} is not a CUDA arch; write it as sm_90")
-    want = int(m[1])
+    want = int(_SM_RE.match(required)[1])
     for text in targets:
         kind, _, num = text.partition("_")
         digits = int(re.sub(r"\D", "", num) or 0)
@@ -229,6 +226,8 @@ def parse_required(text: str, *, key: str = "--require") -> tuple[str, ...]:
     out = []
     for item in filter(None, (p.strip() for p in re.split(r"[,;\s]+", text))):
         if _is_cuda(item):
+            if not _SM_RE.match(item):
+                raise UserError(f"{key}: {item!r} is not a CUDA device arch; write it as sm_90")
             out.append(item)
             continue
         try:
