@@ -86,7 +86,7 @@ _DT_NEEDED, _DT_RPATH, _DT_RUNPATH = 1, 15, 29
 _V4_FEATURES = (("xnack", 8), ("sramecc", 10))
 
 _ENTRY_RE = re.compile(r"^(?P<kind>[a-z0-9]+)-(?P<triple>[^-]+-[^-]*-[^-]*(?:-[^-]*)?)-(?P<target>.*)$")
-_SM_RE = re.compile(r"^sm_(\d+)([a-z]?)$")
+_SM_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")  # sm_90, sm_90a, sm_100f
 
 
 @dataclass(frozen=True)
