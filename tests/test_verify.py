@@ -20,6 +20,7 @@ import pytest
 from gpu_objects import hipcc, need
 
 from rocmforge import verify
+from rocmforge.config import load_config
 from rocmforge.wheelhouse import Wheelhouse, file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +145,10 @@ def test_consistent_wheelhouse_passes(tmp_path, objects):
 
 def test_wheel_built_for_the_wrong_arch(tmp_path, objects):
     # hipcc built torch for gfx908 (MI100) while the config asks for gfx90a (MI250)
-    checks = verify_house(tmp_path, wheelhouse(tmp_path, objects, torch_so="gfx908"))
+    cfg = load_config(ROOT / "build_config.toml", environ={"PYTORCH_ROCM_ARCH": "gfx90a"})
+    archs = verify.required_archs(cfg)
+    assert archs == ("gfx90a",)
+    checks = verify_house(tmp_path, wheelhouse(tmp_path, objects, torch_so="gfx908"), archs)
     name = f"archs: torch-{TORCH}-py3-none-linux_x86_64.whl"
     assert failed(checks) == {name}
     assert checks[name].detail == "torch/lib/libtorch_hip.so bundle 0 lacks gfx90a"
