@@ -144,14 +144,19 @@ class Signal:
     """
 
     name: str
+    needles: tuple[str, ...]  # lower-case text every match contains (one of): a cheap first test
     category: str
     weight: float
     pattern: re.Pattern[str]
     unless: re.Pattern[str] | None = None
 
 
-def _sig(name: str, category: str, weight: float, pattern: str, unless: str | None = None) -> Signal:
-    return Signal(name, category, weight, re.compile(pattern), re.compile(unless) if unless else None)
+def _sig(
+    name: str, needles: tuple[str, ...], category: str, weight: float, pattern: str, unless: str | None = None
+) -> Signal:
+    return Signal(
+        name, needles, category, weight, re.compile(pattern), re.compile(unless) if unless else None
+    )
 
 
 _PROG = (
@@ -165,51 +170,84 @@ _CUDA_HEADERS = (
 
 SIGNALS: tuple[Signal, ...] = (
     # -- the target GPU was never chosen
-    _sig("no-arch-pytorch", "arch_not_specified", 10, r"No GPU arch specified for ROCm build"),
+    _sig(
+        "no-arch-pytorch",
+        ("no gpu arch specified",),
+        "arch_not_specified",
+        10,
+        r"No GPU arch specified for ROCm build",
+    ),
     _sig(
         "targets-unset-detect-failed",
+        ("system gpu detection",),
         "arch_not_specified",
         8,
         r"(?P<var>GPU_TARGETS|AMDGPU_TARGETS) was not set, and system GPU detection was unsucc",
     ),
     _sig(
         "agent-detector-failed",
+        ("agent detector failed", "rocm_agent_enumerator"),
         "arch_not_specified",
         9,
         r"ROCm agent detector failed|rocm_agent_enumerator.*(?:fail|error)",
     ),
     _sig(
         "gpu-targets-not-found",
+        ("gpu targets not found", "gpu_targets resol"),
         "arch_not_specified",
         8,
         r"GPU targets not found|GPU_TARGETS resol\w* to empty",
     ),
-    _sig("gpu-targets-empty", "arch_not_specified", 4, r"-+\s*(?P<var>GPU_TARGETS|AMDGPU_TARGETS):\s*$"),
-    _sig("auto-processor", "arch_not_specified", 6, r"'auto' is not a recognized processor"),
-    _sig("gfx000", "arch_not_specified", 5, r"^\s*gfx000\s*$"),
+    _sig(
+        "gpu-targets-empty",
+        ("gpu_targets:",),
+        "arch_not_specified",
+        4,
+        r"-+\s*(?P<var>GPU_TARGETS|AMDGPU_TARGETS):\s*$",
+    ),
+    _sig(
+        "auto-processor", ("'auto' is not",), "arch_not_specified", 6, r"'auto' is not a recognized processor"
+    ),
+    _sig("gfx000", ("gfx000",), "arch_not_specified", 5, r"^\s*gfx000\s*$"),
     # -- a target was chosen that the compiler or library does not know
     _sig(
         "unsupported-gpu-arch",
+        ("gpu architecture",),
         "arch_unsupported",
         10,
         r"[Uu]nsupported (?:HIP|CUDA|AMDGPU) gpu architecture:? '?(?P<arch>[\w:+-]+)",
     ),
-    _sig("invalid-target-id", "arch_unsupported", 10, r"invalid target ID '(?P<arch>[^']+)'"),
+    _sig(
+        "invalid-target-id",
+        ("invalid target id",),
+        "arch_unsupported",
+        10,
+        r"invalid target ID '(?P<arch>[^']+)'",
+    ),
     _sig(
         "unrecognized-processor",
+        ("is not a recognized processor",),
         "arch_unsupported",
         7,
         r"'(?P<arch>gfx[\w-]+)' is not a recognized processor",
     ),
-    _sig("fp8-format-mix", "arch_unsupported", 7, r"Target architectures support different types of FP8"),
+    _sig(
+        "fp8-format-mix",
+        ("types of fp8",),
+        "arch_unsupported",
+        7,
+        r"Target architectures support different types of FP8",
+    ),
     _sig(
         "unsupported-architecture",
+        ("unsupported architecture", "not supported"),
         "arch_unsupported",
         6,
         r"on an unsupported architecture|architecture (?:is )?not supported",
     ),
     _sig(
         "not-in-supported-archs",
+        ("supported_archs", "supported arch"),
         "arch_unsupported",
         6,
         r"not in (?:the )?(?:list of )?(?:HIP_SUPPORTED_ARCHS|supported arch)",
@@ -217,18 +255,21 @@ SIGNALS: tuple[Signal, ...] = (
     # -- code objects for another GPU than the one running
     _sig(
         "no-binary-for-gpu",
+        ("nobinaryforgpu", "current devices"),
         "arch_mismatch",
         10,
         r"hipErrorNoBinaryForGpu|find (?:a )?(?:code object|binary) for (?:all )?current devices",
     ),
     _sig(
         "invalid-device-function",
+        ("invalid device function", "invaliddevicefunction"),
         "arch_mismatch",
         9,
         r"invalid device function|hipErrorInvalidDeviceFunction",
     ),
     _sig(
         "invalid-image",
+        ("invalidimage", "compatible code objects", "no kernel image"),
         "arch_mismatch",
         8,
         r"hipErrorInvalidImage|No compatible code objects found|no kernel image is available",
@@ -236,18 +277,21 @@ SIGNALS: tuple[Signal, ...] = (
     # -- the host compiler is too old or too new for the code
     _sig(
         "unsupported-gnu",
+        ("unsupported gnu version",),
         "compiler_version",
         10,
         r"unsupported GNU version! gcc versions later than (?P<version>\d+)",
     ),
     _sig(
         "needs-cxx17",
+        ("compatible compiler is required",),
         "compiler_version",
         9,
         r"C\+\+(?P<version>1[47]|2[03]) or later compatible compiler is required",
     ),
     _sig(
         "requires-gcc",
+        ("gcc", "g++", "clang"),
         "compiler_version",
         9,
         r"(?:requires?|needs?|at least)\s+(?:a\s+)?(?P<prog>GCC|gcc|g\+\+|[Cc]lang)\s*(?:version\s*)?"
@@ -255,14 +299,18 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     _sig(
         "compiler-too-old",
+        ("too old", "minimum"),
         "compiler_version",
         9,
         r"(?P<prog>GCC|gcc|[Cc]lang|compiler) (?:version )?(?:[\d.]+ )?(?:is )?too old|"
         r"minimum (?:required )?(?:GCC|gcc) version",
     ),
-    _sig("truncsfbf2", "compiler_version", 10, r"__truncsfbf2|__extendbfsf2"),
+    _sig(
+        "truncsfbf2", ("__truncsfbf2", "__extendbfsf2"), "compiler_version", 10, r"__truncsfbf2|__extendbfsf2"
+    ),
     _sig(
         "unknown-std",
+        ("-std=",),
         "compiler_version",
         8,
         r"unrecognized command[- ]line option '-std=(?P<version>[\w+]+)'",
@@ -270,59 +318,108 @@ SIGNALS: tuple[Signal, ...] = (
     # -- the compiler itself failed (not for lack of memory)
     _sig(
         "ice",
+        ("internal compiler error",),
         "compiler_crash",
         8,
         r"internal compiler error",
         unless=r"internal compiler error: Killed|Killed \(program|Killed signal",
     ),
     _sig(
-        "frontend-crash", "compiler_crash", 8, r"frontend command failed (?:due to signal|with exit code 70)"
+        "frontend-crash",
+        ("frontend command failed",),
+        "compiler_crash",
+        8,
+        r"frontend command failed (?:due to signal|with exit code 70)",
     ),
     _sig(
-        "command-failed-signal", "compiler_crash", 7, r"(?:link|lld|llc|opt|as) command failed due to signal"
+        "command-failed-signal",
+        ("command failed due to signal",),
+        "compiler_crash",
+        7,
+        r"(?:link|lld|llc|opt|as) command failed due to signal",
     ),
-    _sig("exec-aborted", "compiler_crash", 7, r"unable to execute command: (?:Aborted|Segmentation fault)"),
+    _sig(
+        "exec-aborted",
+        ("unable to execute command",),
+        "compiler_crash",
+        7,
+        r"unable to execute command: (?:Aborted|Segmentation fault)",
+    ),
     _sig(
         "submit-bug-report",
+        ("submit a",),
         "compiler_crash",
         5,
         r"PLEASE submit a bug report|Please submit a full bug report",
     ),
-    _sig("stack-dump", "compiler_crash", 4, r"^Stack dump:|llvm::sys::PrintStackTrace|Running pass '"),
+    _sig(
+        "stack-dump",
+        ("stack dump:", "printstacktrace", "running pass '"),
+        "compiler_crash",
+        4,
+        r"^Stack dump:|llvm::sys::PrintStackTrace|Running pass '",
+    ),
     _sig(
         "compiler-backtrace",
+        ("+0x",),
         "compiler_crash",
         6,
         r"#\d+ 0x[0-9a-f]+ .*\((?:\S*/)?(?:clang(?:\+\+)?(?:-\d+)?|llc|opt|lld|ld\.lld|cc1plus)\+0x",
     ),
-    _sig("llvm-error", "compiler_crash", 6, r"LLVM ERROR: (?!out of memory)"),
+    _sig("llvm-error", ("llvm error:",), "compiler_crash", 6, r"LLVM ERROR: (?!out of memory)"),
     _sig(
         "compiler-segfault",
+        ("segmentation fault",),
         "compiler_crash",
         6,
         r"Segmentation fault.*(?:llc|clang|cc1|opt)\b|(?:llc|clang|cc1plus)\b.*Segmentation fault",
     ),
     # -- the compiler ran out of memory or was killed by the kernel's OOM killer
-    _sig("killed-signal", "oom_compiler", 12, r"Killed signal terminated program " + _PROG),
-    _sig("ice-killed", "oom_compiler", 12, r"[Ii]nternal (?:compiler )?error: Killed \(program " + _PROG),
-    _sig("out-of-memory-allocating", "oom_compiler", 12, _PROG + r"?(?:\.exe)?:? out of memory allocating"),
-    _sig("vm-exhausted", "oom_compiler", 12, r"virtual memory exhausted"),
-    _sig("llvm-oom", "oom_compiler", 12, r"LLVM ERROR: out of memory"),
+    _sig(
+        "killed-signal", ("killed signal",), "oom_compiler", 12, r"Killed signal terminated program " + _PROG
+    ),
+    _sig(
+        "ice-killed",
+        ("error: killed",),
+        "oom_compiler",
+        12,
+        r"[Ii]nternal (?:compiler )?error: Killed \(program " + _PROG,
+    ),
+    _sig(
+        "out-of-memory-allocating",
+        ("out of memory allocating",),
+        "oom_compiler",
+        12,
+        _PROG + r"?(?:\.exe)?:? out of memory allocating",
+    ),
+    _sig("vm-exhausted", ("virtual memory exhausted",), "oom_compiler", 12, r"virtual memory exhausted"),
+    _sig("llvm-oom", ("llvm error: out of memory",), "oom_compiler", 12, r"LLVM ERROR: out of memory"),
     _sig(
         "signal-9",
+        ("signal 9", "command: killed"),
         "oom_compiler",
         11,
         r"(?:died|terminated|killed) (?:due to|with|by) signal 9|unable to execute command: Killed",
     ),
     _sig(
-        "cannot-allocate", "oom_compiler", 5, r"Cannot allocate memory|std::bad_alloc", unless=r"/dev/kfd|kfd"
+        "cannot-allocate",
+        ("cannot allocate memory", "bad_alloc"),
+        "oom_compiler",
+        5,
+        r"Cannot allocate memory|std::bad_alloc",
+        unless=r"/dev/kfd|kfd",
     ),
     _sig(
-        "oom-killer", "oom_compiler", 8, r"Out of memory: Killed process \d+ \((?P<prog>[\w+.-]+)\)|oom-kill"
+        "oom-killer",
+        ("out of memory: killed", "oom-kill"),
+        "oom_compiler",
+        8,
+        r"Out of memory: Killed process \d+ \((?P<prog>[\w+.-]+)\)|oom-kill",
     ),
     # -- the build could not find the HIP/ROCm installation
     _sig(
         "cmake-package-config",
+        ("package configuration file",),
         "cmake_hip_not_found",
         10,
         r'package configuration file provided by\s+"(?P<pkg>hip|HIP|hip-lang|hipcub|rocprim|rocblas|'
@@ -330,19 +427,28 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     _sig(
         "cmake-config-version",
+        ("configuration file for package",),
         "cmake_hip_not_found",
         9,
         r'Could not find a configuration file for package "(?P<pkg>hip|HIP)"',
     ),
-    _sig("could-not-find-hip", "cmake_hip_not_found", 9, r"Could NOT find (?P<pkg>HIP|hip|ROCM|ROCm)\b"),
+    _sig(
+        "could-not-find-hip",
+        ("could not find",),
+        "cmake_hip_not_found",
+        9,
+        r"Could NOT find (?P<pkg>HIP|hip|ROCM|ROCm)\b",
+    ),
     _sig(
         "cannot-find-hip-runtime",
+        ("cannot find hip runtime", "cannot find rocm device"),
         "cmake_hip_not_found",
         10,
         r"cannot find HIP runtime|cannot find ROCm device librar",
     ),
     _sig(
         "hip-path-unset",
+        ("not set", "not found"),
         "cmake_hip_not_found",
         6,
         r"(?P<var>HIP_PATH|ROCM_PATH|ROCM_HOME) (?:is )?not (?:set|found)",
@@ -350,46 +456,89 @@ SIGNALS: tuple[Signal, ...] = (
     # -- the linker cannot find a library named on its command line
     _sig(
         "cannot-find-l",
+        ("find -l", "find library -l"),
         "missing_library_link",
         10,
         r"(?:cannot find|unable to find library) -l(?P<lib>[\w.+-]+)",
     ),
-    _sig("needed-by-not-found", "missing_library_link", 10, _SO + r", needed by (?P<symbol>\S+), not found"),
-    _sig("no-rule-so", "missing_library_link", 8, r"No rule to make target '(?P<lib>[^']+\.so[\d.]*)'"),
+    _sig(
+        "needed-by-not-found",
+        ("needed by",),
+        "missing_library_link",
+        10,
+        _SO + r", needed by (?P<symbol>\S+), not found",
+    ),
+    _sig(
+        "no-rule-so",
+        ("no rule to make target",),
+        "missing_library_link",
+        8,
+        r"No rule to make target '(?P<lib>[^']+\.so[\d.]*)'",
+    ),
     _sig(
         "cmake-lib-notfound",
+        ("notfound",),
         "missing_library_link",
         8,
         r"NOTFOUND\.?\s+(?P<var>\w+_LIBRARY\w*) linked by target",
     ),
     # -- linking failed because of how it was asked to link
-    _sig("fpic", "link_flags", 10, r"recompile with -fPIC"),
-    _sig("dso-missing", "link_flags", 10, r"DSO missing from command line"),
+    _sig("fpic", ("recompile with -fpic",), "link_flags", 10, r"recompile with -fPIC"),
+    _sig("dso-missing", ("dso missing",), "link_flags", 10, r"DSO missing from command line"),
     _sig(
         "cxx11-abi",
+        ("undefined",),
         "link_flags",
         9,
         r"undefined (?:reference|symbol).*(?:std::__cxx11|\[abi:cxx11\]|_GLIBCXX_USE_CXX11_ABI)",
     ),
     _sig(
         "hip-fatbin",
+        ("undefined",),
         "link_flags",
         10,
         r"undefined (?:reference|hidden symbol|symbol).*__hip_fatbin|undefined hidden symbol",
     ),
     _sig(
-        "undefined-hip-symbol", "link_flags", 7, r"ld(?:\.lld)?: error: undefined symbol: (?P<symbol>hip\w+)"
+        "undefined-hip-symbol",
+        ("undefined symbol",),
+        "link_flags",
+        7,
+        r"ld(?:\.lld)?: error: undefined symbol: (?P<symbol>hip\w+)",
     ),
-    _sig("empty-L", "link_flags", 6, r"\s-L\s+-l\w"),
-    _sig("undefined-reference", "link_flags", 3, r"undefined reference to [`'](?P<symbol>[^'`]+)"),
+    _sig("empty-L", ("-l",), "link_flags", 6, r"\s-L\s+-l\w"),
+    _sig(
+        "undefined-reference",
+        ("undefined reference",),
+        "link_flags",
+        3,
+        r"undefined reference to [`'](?P<symbol>[^'`]+)",
+    ),
     # -- a program started but the dynamic loader cannot find a shared library
     _sig(
-        "loader-cannot-open", "missing_library_runtime", 10, r"error while loading shared libraries: " + _SO
+        "loader-cannot-open",
+        ("error while loading shared libraries",),
+        "missing_library_runtime",
+        10,
+        r"error while loading shared libraries: " + _SO,
     ),
-    _sig("cannot-open-so", "missing_library_runtime", 9, _SO + r": cannot open shared object file"),
-    _sig("could-not-load-dso", "missing_library_runtime", 8, r"Could not load (?:dynamic )?library '" + _SO),
+    _sig(
+        "cannot-open-so",
+        ("cannot open shared object",),
+        "missing_library_runtime",
+        9,
+        _SO + r": cannot open shared object file",
+    ),
+    _sig(
+        "could-not-load-dso",
+        ("could not load",),
+        "missing_library_runtime",
+        8,
+        r"Could not load (?:dynamic )?library '" + _SO,
+    ),
     _sig(
         "glibcxx-not-found",
+        ("glibcxx_", "cxxabi_"),
         "missing_library_runtime",
         8,
         r"version [`'](?P<symbol>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",
@@ -397,6 +546,7 @@ SIGNALS: tuple[Signal, ...] = (
     # -- parts built against one version and run with another
     _sig(
         "import-undefined-symbol",
+        ("undefined symbol",),
         "version_mismatch",
         9,
         r"(?:\.so[\d.]*|Error): undefined symbol: (?P<symbol>\w+)",
@@ -404,15 +554,21 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     _sig(
         "numpy-abi",
+        ("compiled against api version",),
         "version_mismatch",
         10,
         r"module compiled against API version (?P<version>\w+) but this version of numpy is",
     ),
     _sig(
-        "numpy-multiarray", "version_mismatch", 6, r"numpy\.core\.(?:_?multiarray|umath)\w* failed to import"
+        "numpy-multiarray",
+        ("failed to import",),
+        "version_mismatch",
+        6,
+        r"numpy\.core\.(?:_?multiarray|umath)\w* failed to import",
     ),
     _sig(
         "pip-requirement-conflict",
+        ("has requirement",),
         "version_mismatch",
         10,
         r"has requirement (?P<pkg>[\w.-]+)[=<>!~]=?(?P<version>[\w.+]+)"
@@ -420,43 +576,51 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     _sig(
         "cannot-import-name",
+        ("cannot import name",),
         "version_mismatch",
         8,
         r"cannot import name '(?P<symbol>\w+)' from '(?P<pkg>(?:triton|torch|vllm|numpy)[\w.]*)'",
     ),
     _sig(
         "lib-undefined-reference",
+        ("undefined reference",),
         "version_mismatch",
         6,
         _SO + r": undefined reference to",
         unless=r"std::__cxx11|abi:cxx11",
     ),
-    _sig("extension-import-error", "version_mismatch", 5, r"ImportError: \S*\.cpython-\d+"),
+    _sig(
+        "extension-import-error", ("importerror:",), "version_mismatch", 5, r"ImportError: \S*\.cpython-\d+"
+    ),
     _sig(
         "version-mismatch-words",
+        ("version mismatch", "incompatible"),
         "version_mismatch",
         5,
         r"version mismatch|incompatible (?:with|version)|which is incompatible",
     ),
     # -- pip's isolated build environment has the wrong torch (or none)
-    _sig("isolated-no-torch", "build_isolation_torch", 6, r"No module named '?torch'?"),
+    _sig("isolated-no-torch", ("no module named",), "build_isolation_torch", 6, r"No module named '?torch'?"),
     _sig(
         "isolation-collects-torch",
+        ("torch",),
         "build_isolation_torch",
         5,
         r"^\s*(?:Collecting|Downloading|Using cached) torch"
         r"(?:==(?P<version>[\w.+]+)|-(?P<v2>[\d.]+[\w.+]*)-)",
     ),
-    _sig("isolated-no-rocm", "build_isolation_torch", 5, r"No ROCm runtime is found"),
+    _sig("isolated-no-rocm", ("no rocm runtime",), "build_isolation_torch", 5, r"No ROCm runtime is found"),
     # -- a build script that insists on CUDA on a ROCm machine
     _sig(
         "cuda-home-unset",
+        ("cuda_home",),
         "cuda_check_on_rocm",
         7,
         r"CUDA_HOME (?:environment variable )?is not set|CUDA_HOME is None",
     ),
     _sig(
         "nvcc-missing",
+        ("nvcc", "get_cuda_version", "no cuda runtime"),
         "cuda_check_on_rocm",
         6,
         r"nvcc (?:was )?not found|nvcc_bin|\[nvcc\w*, \"-V\"\]|get_cuda_version\(|No CUDA runtime is found",
@@ -464,15 +628,21 @@ SIGNALS: tuple[Signal, ...] = (
     # -- CUDA sources reached the HIP compiler without being hipified
     _sig(
         "cuda-header-missing",
+        ("file not found", "no such file"),
         "hipify",
         8,
         r"[<'\"](?P<header>" + _CUDA_HEADERS + r")[>'\"]:? (?:file not found|No such file)",
     ),
     _sig(
-        "hipify-error", "hipify", 7, r"hipify\w*.*(?:[Ee]rror|failed|Traceback)|(?:[Ee]rror|failed).*hipify"
+        "hipify-error",
+        ("hipify",),
+        "hipify",
+        7,
+        r"hipify\w*.*(?:[Ee]rror|failed|Traceback)|(?:[Ee]rror|failed).*hipify",
     ),
     _sig(
         "undeclared-cuda",
+        ("undeclared identifier",),
         "hipify",
         7,
         r"use of undeclared identifier '(?P<symbol>cuda\w+|cublas\w+|__nv\w+)'",
@@ -480,6 +650,7 @@ SIGNALS: tuple[Signal, ...] = (
     # -- a download or clone failed
     _sig(
         "resolve-host",
+        ("resolve host", "name resolution", "name or service not known"),
         "network_fetch",
         10,
         r"Could not resolve host:? (?P<url>[\w.-]+)|Temporary failure in name resolution|"
@@ -487,57 +658,97 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     _sig(
         "new-connection",
+        (
+            "new connection",
+            "connection timed out",
+            "connection refused",
+            "connection reset",
+            "network is unreachable",
+        ),
         "network_fetch",
         9,
         r"Failed to establish a new connection|Connection (?:timed out|refused|reset)|Network is unreachable",
     ),
     _sig(
         "remote-closed",
+        ("remote end", "rpc failed", "early eof"),
         "network_fetch",
         8,
         r"Remote end closed connection|remote end hung up unexpectedly|RPC failed|early EOF",
     ),
     _sig(
         "http-error",
+        ("http error", "http code", "http status code", "not found", "forbidden"),
         "network_fetch",
         8,
         r"HTTP Error (?P<version>\d{3})|HTTP (?:status )?code (?P<v2>[45]\d\d)|"
         r"\b(?:40[34]|50[0234]) (?:Not Found|Forbidden)",
     ),
-    _sig("unable-to-access", "network_fetch", 9, r"fatal: unable to access '(?P<url>[^']+)'"),
+    _sig(
+        "unable-to-access",
+        ("unable to access",),
+        "network_fetch",
+        9,
+        r"fatal: unable to access '(?P<url>[^']+)'",
+    ),
     _sig(
         "clone-failed",
+        ("clone of",),
         "network_fetch",
         7,
         r"Clone of '(?P<url>[^']+)' into submodule path .* failed|fatal: clone of",
     ),
     _sig(
         "urlerror",
+        ("urlerror", "do_open", "sslerror", "certificate_verify_failed"),
         "network_fetch",
         7,
         r"urllib\.error\.URLError|URLError|in do_open|ssl\.SSLError|CERTIFICATE_VERIFY_FAILED",
     ),
-    _sig("downloading", "network_fetch", 2, r"downloading (?:and extracting )?(?P<url>https?://\S+)"),
-    _sig("from-versions-none", "network_fetch", 4, r"\(from versions: none\)"),
+    _sig(
+        "downloading",
+        ("downloading",),
+        "network_fetch",
+        2,
+        r"downloading (?:and extracting )?(?P<url>https?://\S+)",
+    ),
+    _sig("from-versions-none", ("from versions: none",), "network_fetch", 4, r"\(from versions: none\)"),
     # -- no GPU is visible to the ROCm runtime
     _sig(
         "no-hip-gpus",
+        ("no hip gpus", "hiperrornodevice", "rocm-capable device"),
         "no_gpu_visible",
         10,
         r"No HIP GPUs are available|hipErrorNoDevice|no ROCm-capable device is detected",
     ),
-    _sig("rock-not-loaded", "no_gpu_visible", 9, r"ROCk module is NOT loaded"),
-    _sig("kfd-not-supported", "no_gpu_visible", 9, r"kfd not supported|not supported in kfd"),
+    _sig(
+        "rock-not-loaded", ("rock module is not loaded",), "no_gpu_visible", 9, r"ROCk module is NOT loaded"
+    ),
+    _sig(
+        "kfd-not-supported",
+        ("kfd not supported", "not supported in kfd"),
+        "no_gpu_visible",
+        9,
+        r"kfd not supported|not supported in kfd",
+    ),
     _sig(
         "kfd-absent",
+        ("/dev/kfd",),
         "no_gpu_visible",
         9,
         r"/dev/kfd\"?:? (?:no such file|No such file|not found|does not exist)",
     ),
-    _sig("kfd-enomem", "no_gpu_visible", 7, r"/dev/kfd.*(?:Cannot allocate memory|ENOMEM)"),
-    _sig("hsa-out-of-resources", "no_gpu_visible", 5, r"HSA_STATUS_ERROR_OUT_OF_RESOURCES"),
+    _sig("kfd-enomem", ("/dev/kfd",), "no_gpu_visible", 7, r"/dev/kfd.*(?:Cannot allocate memory|ENOMEM)"),
+    _sig(
+        "hsa-out-of-resources",
+        ("hsa_status_error_out_of_resources",),
+        "no_gpu_visible",
+        5,
+        r"HSA_STATUS_ERROR_OUT_OF_RESOURCES",
+    ),
     _sig(
         "gpu-count-zero",
+        ("gpu count", "device count"),
         "no_gpu_visible",
         5,
         r"GPU count:\s*0\b|device count[: =]+0\b|Failed to get device count",
@@ -545,12 +756,14 @@ SIGNALS: tuple[Signal, ...] = (
     # -- the GPU device nodes exist but this user may not open them
     _sig(
         "kfd-permission",
+        ("/dev/",),
         "device_permission",
         10,
         r"/dev/(?:kfd|dri/\S+).*(?:Permission denied|Operation not permitted)",
     ),
     _sig(
         "kfd-open-failed",
+        ("unable to open /dev/kfd",),
         "device_permission",
         6,
         r"Unable to open /dev/kfd",
@@ -558,14 +771,24 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     _sig(
         "not-in-group",
+        ("member of",),
         "device_permission",
         8,
         r"(?:is )?not (?:a )?member of (?:the )?(?P<pkg>render|video) group",
     ),
-    _sig("kfd-root-only", "device_permission", 8, r"^c[rw-]{3}------\S*\s+\d+\s+root\s+root\s.*kfd"),
+    _sig(
+        "kfd-root-only", ("kfd",), "device_permission", 8, r"^c[rw-]{3}------\S*\s+\d+\s+root\s+root\s.*kfd"
+    ),
 )
 
 # Consequences of an earlier failure: they end the log but are never its cause.
+_FOLLOW_UP_NEEDLES = (
+    "ninja: build stopped", "***", "collect2", "linker command failed", "subprocess-exited",
+    "failed building", "failed to build", "could not build wheels", "configuring incomplete",
+    "compilation terminated", "waiting for unfinished", "originates from a subprocess", "died at",
+    "failed: ", "recipe for target", "did not run successfully", "exit code:", "error generating",
+    "cmake error at", "a failure occurred", "aborting...", "non-zero code", "cmake configuration failed",
+)  # fmt: skip
 _FOLLOW_UP = re.compile(
     r"ninja: build stopped|^make(?:\[\d+\])?: \*\*\*|^gmake(?:\[\d+\])?: \*\*\*|collect2: error: ld returned|"
     r"linker command failed with exit code|error: subprocess-exited-with-error|Failed (?:building|to build)|"
@@ -576,25 +799,46 @@ _FOLLOW_UP = re.compile(
     r"A failure occurred in|Aborting\.\.\.|returned a non-zero code|^\*\*\* CMake configuration failed"
 )
 # A line that reports some error; used to point at something when no signal matched.
+_ERROR_NEEDLES = ("error", "failed", "fatal", "traceback", "exception")
 _ANY_ERROR = re.compile(r"\b(?:error|ERROR|Error|FAILED|fatal|Traceback|Exception)\b|\w+Error: ")
 
-# Facts about the whole log that change how a signal is read.
-_FACTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (name, re.compile(pattern))
-    for name, pattern in (
-        (
-            "isolated",
+
+@dataclass(frozen=True)
+class _Fact:
+    """Something true of the whole log (a ROCm build, pip's isolated env) once one line shows it."""
+
+    name: str
+    needles: tuple[str, ...]
+    pattern: re.Pattern[str]
+
+
+_FACTS = (
+    _Fact(
+        "isolated",
+        ("pip-build-env-", "build dependencies", "get_requires_for_build_wheel", "uv/builds-v"),
+        re.compile(
             r"/pip-build-env-|Installing build dependencies|get_requires_for_build_wheel|"
-            r"pip subprocess to install build dependencies|\.cache/uv/builds-v",
+            r"pip subprocess to install build dependencies|\.cache/uv/builds-v"
         ),
-        (
-            "rocm",
+    ),
+    _Fact(
+        "rocm",
+        ("hip", "rocm", "gfx", "amdgcn"),
+        re.compile(
             r"hipcc|/opt/rocm|\bgfx\d{3,4}|torch_hip|\+rocm\d|HIP VERSION|amdgcn|ROCM_HOME|--variant rocm|"
-            r"hip_runtime|\.hip\b|HIP_PLATFORM|rocm-\d|ROCm \d",
+            r"hip_runtime|\.hip\b|HIP_PLATFORM|rocm-\d|ROCm \d"
         ),
-        ("runtime", r"Traceback \(most recent call last\)|^>>> |RuntimeError: |import torch"),
-        ("cuda_torch", r"torch\S*\+cu\d+|torch\.version\.hip (?:is )?None|^\s*None\s+\d+\.\d+\s*$"),
-    )
+    ),
+    _Fact(
+        "runtime",
+        ("traceback", ">>> ", "runtimeerror: ", "import torch"),
+        re.compile(r"Traceback \(most recent call last\)|^>>> |RuntimeError: |import torch"),
+    ),
+    _Fact(
+        "cuda_torch",
+        ("+cu", "torch.version.hip", "none"),
+        re.compile(r"torch\S*\+cu\d+|torch\.version\.hip (?:is )?None|^\s*None\s+\d+\.\d+\s*$"),
+    ),
 )
 _COMPILER_ID = re.compile(
     r"The (?:C|CXX|HIP) compiler identification is (?P<name>GNU|Clang|AppleClang) (?P<version>[\d.]+)|"
@@ -613,6 +857,14 @@ _JOBS = re.compile(
     r"MAX_JOBS=(?P<n>\d+)|cmake --build .* (?:-j|--parallel)\s*(?P<n2>\d+)|\bninja .*-j\s*(?P<n3>\d+)"
 )
 _ARCH = re.compile(r"\bgfx(?:\d{3,4}|9[0-4][0-9a-c]|90[ac])[a-z0-9]*\b")
+
+# needle -> the signals it lets through; every line is first checked for these substrings,
+# which keeps 50,000-line logs fast (most lines are "[123/5000] Building CXX object ...").
+_BY_NEEDLE: dict[str, list[Signal]] = {}
+for _s in SIGNALS:
+    for _n in _s.needles:
+        _BY_NEEDLE.setdefault(_n, []).append(_s)
+_NEEDLES = tuple(_BY_NEEDLE)
 
 
 @dataclass
@@ -646,37 +898,32 @@ class _Reading:
             details = {k.rstrip("2"): v for k, v in m.groupdict().items() if v}
             hits.append(_Hit(sig, number, text, details))
 
-    def note_facts(self, text: str) -> None:
-        for name, pattern in _FACTS:
-            if name not in self.facts and pattern.search(text):
-                self.facts.add(name)
-        if (m := _COMPILER_ID.search(text)) is not None:
+    def note_facts(self, text: str, low: str) -> None:
+        """Record what this line says about the whole log; each check runs until it succeeds."""
+        for fact in _FACTS:
+            if (
+                fact.name not in self.facts
+                and any(n in low for n in fact.needles)
+                and fact.pattern.search(text)
+            ):
+                self.facts.add(fact.name)
+        wants_compiler = len(self.compilers) < 2 and ("compiler" in low or "version" in low or ") " in low)
+        if wants_compiler and (m := _COMPILER_ID.search(text)) is not None:
             name = m.group("name") or m.group("name2") or m.group("name3") or "GNU"
             version = next(v for k, v in m.groupdict().items() if k.startswith("version") and v)
-            kind = "clang" if "lang" in name else "gcc"
-            self.compilers.setdefault(kind, version)
-        if self.rocm_version is None and (m := _ROCM_VERSION.search(text)) is not None:
+            self.compilers.setdefault("clang" if "lang" in name else "gcc", version)
+        wants_rocm = self.rocm_version is None and ("rocm" in low or "hip version" in low)
+        if wants_rocm and (m := _ROCM_VERSION.search(text)) is not None:
             self.rocm_version = next(v for v in m.groups() if v)
-        if self.torch_version is None and (m := _TORCH_VERSION.search(text)) is not None:
+        if self.torch_version is None and "torch" in low and (m := _TORCH_VERSION.search(text)) is not None:
             self.torch_version = m.group("v")
-        if (m := _JOBS.search(text)) is not None:
+        wants_jobs = "max_jobs=" in low or "-j" in low or "--parallel" in low
+        if wants_jobs and (m := _JOBS.search(text)) is not None:
             self.jobs = next(v for v in m.groups() if v)
-        if len(self.archs) < 16:
+        if "gfx" in low and len(self.archs) < 16:
             for arch in _ARCH.findall(text):
                 if arch not in self.archs:
                     self.archs.append(arch)
-
-
-# A cheap first test: only lines containing one of these words can match any signal or fact,
-# which keeps 50,000-line logs fast (most lines are "[123/5000] Building CXX object ...").
-_TRIGGER = re.compile(
-    r"(?i)error|fail|fatal|killed|signal|memory|abort|segmentation|bug report|stack dump|running pass|"
-    r"not found|not set|no such|cannot|unable|unsupported|invalid|undefined|recompile|not supported|"
-    r"no module|import|version|compiler|gcc|clang|hip|rocm|gfx|cuda|nvcc|torch|numpy|triton|"
-    r"collecting|downloading|using cached|connection|resolve|http|clone|kfd|/dev/dri|member of|"
-    r"targets|auto|dso|jobs|permission|not permitted|render|video|\bnone\b|requirement|incompatible|"
-    r"mismatch|architecture|package configuration|crw|stacktrace|\+0x"
-)
 
 
 def read_log(lines: Iterable[tuple[int, str]]) -> _Reading:
@@ -684,21 +931,29 @@ def read_log(lines: Iterable[tuple[int, str]]) -> _Reading:
     reading = _Reading()
     for number, text in lines:
         reading.lines = number
-        if not _TRIGGER.search(text):
+        low = text.lower()
+        reading.note_facts(text, low)
+        present = [n for n in _NEEDLES if n in low]
+        if any(n in low for n in _FOLLOW_UP_NEEDLES):
+            core = body(text)
+            if _FOLLOW_UP.search(core):
+                if reading.first_follow_up is None:
+                    reading.first_follow_up = (number, text)
+                continue
+        if not present and not any(n in low for n in _ERROR_NEEDLES):
             continue
         core = body(text)
-        reading.note_facts(core)
-        follow_up = _FOLLOW_UP.search(core) is not None
-        if follow_up:
-            if reading.first_follow_up is None:
-                reading.first_follow_up = (number, text)
-            continue
         matched = False
-        for sig in SIGNALS:
-            m = sig.pattern.search(core)
-            if m is not None and not (sig.unless and sig.unless.search(core)):
-                reading.add_hit(sig, number, text, m)
-                matched = True
+        tried: set[str] = set()
+        for needle in present:
+            for sig in _BY_NEEDLE[needle]:
+                if sig.name in tried:
+                    continue
+                tried.add(sig.name)
+                m = sig.pattern.search(core)
+                if m is not None and not (sig.unless and sig.unless.search(core)):
+                    reading.add_hit(sig, number, text, m)
+                    matched = True
         if not matched and reading.first_error is None and _ANY_ERROR.search(core):
             reading.first_error = (number, text)
     return reading
@@ -751,15 +1006,18 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
         # A compiler killed for memory prints a crash banner too; the kill is the cause.
         move("compiler_crash", "oom_compiler", 0.0, "the compiler was killed for lack of memory")
 
+    # In pip's isolated build env the only torch is the one pip put there (PyPI's CUDA or CPU
+    # build) or none, so a missing torch or a CUDA check there is a symptom of the isolation,
+    # unless the log shows the build really saw a ROCm torch.
+    rocm_torch = "rocm" in (reading.torch_version or "")
     isolated_torch = "isolated" in facts and (
         has("isolated-no-torch")
         or has("isolation-collects-torch")
         or has("isolated-no-rocm")
         or "cuda_torch" in facts
+        or ("cuda_check_on_rocm" in scores and not rocm_torch)
     )
     if isolated_torch:
-        # pip built in a throwaway environment: the torch there is PyPI's (CUDA/CPU) or none,
-        # so "CUDA_HOME is not set" and "no module named torch" are symptoms of the isolation.
         scores["build_isolation_torch"] = scores.get("build_isolation_torch", 0.0) + 6.0
         if "cuda_check_on_rocm" in scores:
             move(
@@ -1097,24 +1355,24 @@ def retry_plan(
 
     Only categories the user listed in ``build.retry`` are retried, and only while there is
     something left to change: a compiler crash is retried with ``-O3`` replaced by ``-O2`` in
-    CFLAGS/CXXFLAGS/HIPFLAGS (once: after that no ``-O3`` is left); an out-of-memory compile
-    with ``MAX_JOBS`` and ``CMAKE_BUILD_PARALLEL_LEVEL`` halved (until they reach 1).
+    CFLAGS/CXXFLAGS/HIPFLAGS and CMake's release flags (once: after that no ``-O3`` is left);
+    an out-of-memory compile with ``MAX_JOBS`` and ``CMAKE_BUILD_PARALLEL_LEVEL`` halved (until
+    they reach 1).
     """
     if diagnosis.category not in getattr(cfg.build, "retry", ()):
         return None
     at = f" at line {diagnosis.evidence[0].line}" if diagnosis.evidence else ""
     new = dict(env)
     if diagnosis.category == "compiler_crash":
-        changed = []
-        for name in ("CFLAGS", "CXXFLAGS", "HIPFLAGS"):
-            flags = new.get(name)
-            if flags is None and name != "HIPFLAGS" and cfg.build.opt_level == "O3":
-                flags = "-O3"  # the build's default level, made explicit so it can be lowered
-            if flags and _OPT3.search(flags):
-                new[name] = _OPT3.sub("-O2", flags)
-                changed.append(name)
+        changed = [name for name in ("CFLAGS", "CXXFLAGS", "HIPFLAGS") if _OPT3.search(new.get(name, ""))]
         if not changed:
             return None
+        for name in changed:
+            new[name] = _OPT3.sub("-O2", new[name])
+        # CMake puts CMAKE_<LANG>_FLAGS_RELEASE (-O3) after CFLAGS, so -O3 would still win;
+        # PyTorch's setup.py hands CMAKE_* environment variables to CMake, so lower them too.
+        for lang in ("C", "CXX", "HIP"):
+            new[f"CMAKE_{lang}_FLAGS_RELEASE"] = "-O2 -DNDEBUG"
         return new, f"retry after compiler_crash{at}: {'/'.join(changed)} -O3 -> -O2"
     if diagnosis.category == "oom_compiler":
         jobs = new.get("MAX_JOBS") or new.get("CMAKE_BUILD_PARALLEL_LEVEL")
