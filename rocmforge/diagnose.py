@@ -1195,9 +1195,20 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
         )
     if category == "compiler_version":
         have = _compiler(reading)
-        need = f" (the code asks for {prog or 'the compiler'} {version})" if version else ""
-        if _detail(hits, "symbol") is None and any(h.signal.name == "truncsfbf2" for h in hits):
-            need = " (__truncsfbf2 comes from libgcc of GCC >= 13)"
+        names = {h.signal.name for h in hits}
+        if "unsupported-gnu" in names:
+            return (
+                f"{at}: {have} is newer than these CUDA/HIP headers accept (GCC up to {version}); "
+                f"point CC/CXX (or nvcc -ccbin) at a GCC <= {version}, or use a newer toolkit"
+            )
+        if "truncsfbf2" in names:
+            need = " (__truncsfbf2 comes from the libgcc of GCC >= 13)"
+        elif "needs-cxx17" in names or "unknown-std" in names:
+            need = f" (the code needs C++{version or '17'} support)"
+        elif version:
+            need = f" (the build asks for {prog or 'the compiler'} {version})"
+        else:
+            need = ""
         return (
             f"{at}: {have} does not fit this source{need}. Install the required compiler "
             "(e.g. gcc-13/g++-13), point CC/CXX at it, and pin it in the package's "
@@ -1425,5 +1436,6 @@ def main(args: argparse.Namespace) -> int:
 
         console.print(f"[bold]{diagnosis.category}[/bold]: {escape(diagnosis.hint)}")
         for e in diagnosis.evidence:
-            console.print(f"  {e.line:>7} | {escape(e.text)}")
+            # Evidence is copied from the log: one line each, however wide, so it can be searched.
+            console.print(f"  {e.line:>7} | {escape(e.text)}", soft_wrap=True)
     return 0 if diagnosis.category != "unknown" else 1
