@@ -315,6 +315,15 @@ SIGNALS: tuple[Signal, ...] = (
         8,
         r"unrecognized command[- ]line option '-std=(?P<version>[\w+]+)'",
     ),
+    _sig(
+        "std-header-missing",
+        ("no such file", "file not found"),
+        "compiler_version",
+        8,
+        r"(?:fatal error: |')(?P<header>filesystem|optional|string_view|charconv|variant|any|execution|"
+        r"memory_resource|span|format|ranges|concepts|bit|numbers|source_location|expected)'?:? "
+        r"(?:No such file|file not found)",
+    ),
     # -- the compiler itself failed (not for lack of memory)
     _sig(
         "ice",
@@ -610,6 +619,13 @@ SIGNALS: tuple[Signal, ...] = (
         r"(?:==(?P<version>[\w.+]+)|-(?P<v2>[\d.]+[\w.+]*)-)",
     ),
     _sig("isolated-no-rocm", ("no rocm runtime",), "build_isolation_torch", 5, r"No ROCm runtime is found"),
+    _sig(
+        "build-requires-hook-failed",
+        ("getting requirements to build wheel",),
+        "build_isolation_torch",
+        3,
+        r"Getting requirements to build wheel(?: \.\.\.|:) (?:error|finished with status 'error')",
+    ),
     # -- a build script that insists on CUDA on a ROCm machine
     _sig(
         "cuda-home-unset",
@@ -642,10 +658,10 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     _sig(
         "undeclared-cuda",
-        ("undeclared identifier",),
+        ("undeclared identifier", "unknown type name"),
         "hipify",
         7,
-        r"use of undeclared identifier '(?P<symbol>cuda\w+|cublas\w+|__nv\w+)'",
+        r"(?:use of undeclared identifier|unknown type name) '(?P<symbol>cuda\w+|cublas\w+|__nv\w+)'",
     ),
     # -- a download or clone failed
     _sig(
@@ -736,7 +752,7 @@ SIGNALS: tuple[Signal, ...] = (
         ("/dev/kfd",),
         "no_gpu_visible",
         9,
-        r"/dev/kfd\"?:? (?:no such file|No such file|not found|does not exist)",
+        r"/dev/kfd(?: read-write)?\"?:? (?:no such file|No such file|not found|does not exist)",
     ),
     _sig("kfd-enomem", ("/dev/kfd",), "no_gpu_visible", 7, r"/dev/kfd.*(?:Cannot allocate memory|ENOMEM)"),
     _sig(
@@ -767,7 +783,7 @@ SIGNALS: tuple[Signal, ...] = (
         "device_permission",
         6,
         r"Unable to open /dev/kfd",
-        unless=r"Cannot allocate memory",
+        unless=r"Cannot allocate memory|No such file",
     ),
     _sig(
         "not-in-group",
@@ -1014,6 +1030,7 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
         has("isolated-no-torch")
         or has("isolation-collects-torch")
         or has("isolated-no-rocm")
+        or has("build-requires-hook-failed")
         or "cuda_torch" in facts
         or ("cuda_check_on_rocm" in scores and not rocm_torch)
     )
@@ -1200,6 +1217,13 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             return (
                 f"{at}: {have} is newer than these CUDA/HIP headers accept (GCC up to {version}); "
                 f"point CC/CXX (or nvcc -ccbin) at a GCC <= {version}, or use a newer toolkit"
+            )
+        header = _detail(hits, "header")
+        if "std-header-missing" in names and header:
+            return (
+                f"{at}: the C++ standard library of {have} has no <{header}> (C++17/20); use a newer "
+                "GCC/libstdc++ (>= 9 for <filesystem>, >= 13 for <format>) via CC/CXX, and pin it in "
+                "[[packages.X.requires]]"
             )
         if "truncsfbf2" in names:
             need = " (__truncsfbf2 comes from the libgcc of GCC >= 13)"
