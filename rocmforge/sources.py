@@ -839,9 +839,13 @@ def _http_retry(url: str, *, what: str, accept: str = "*/*"):
         try:
             resp = urllib.request.urlopen(request, timeout=60)
         except urllib.error.HTTPError as exc:
-            if exc.code < 500 or delay is None:
-                raise UserError(f"{what}: {url}: HTTP {exc.code} {exc.reason}") from None
-            error = f"HTTP {exc.code}"
+            if exc.code < 500:
+                raise UserError(f"{what}: {url}: HTTP {exc.code} {exc.reason}; check the url") from None
+            error = f"HTTP {exc.code} {exc.reason}"
+            if delay is None:
+                raise UserError(
+                    f"{what}: {url}: {error} after {len(RETRY_DELAYS) + 1} attempts; try again later"
+                ) from None
         except (urllib.error.URLError, OSError) as exc:
             error = str(getattr(exc, "reason", exc))
             if delay is None:

@@ -266,11 +266,13 @@ class CuttingProxy:
 
 
 class HttpServer:
-    """A real HTTP server on 127.0.0.1 serving the files under ``root``."""
+    """A real HTTP server on 127.0.0.1 serving the files under ``root``; it answers 503 to the
+    next ``failures`` requests (a flaky mirror)."""
 
     def __init__(self, root: Path):
         handler = functools.partial(_QuietHandler, directory=str(root))
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.failures = 0
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
@@ -283,5 +285,12 @@ class HttpServer:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.server.failures > 0:
+            self.server.failures -= 1
+            self.send_error(503, "busy")
+            return
+        super().do_GET()
+
     def log_message(self, *args) -> None:
         pass

@@ -399,3 +399,21 @@ def test_pypi_sdist_through_the_configured_index(tmp_path, http, monkeypatch):
     assert co.kind == "pypi" and co.version == "2.1" and (co.path / "PKG-INFO").is_file()
     with pytest.raises(UserError, match=r"the index lists rf_demo-2\.1\.tar\.gz with sha256"):
         sources.prepare(write_config(tmp_path, pkg.replace(_sha(sdist), "1" * 64)), "demo")
+
+
+def test_http_errors_are_retried_and_offline_names_the_archive(tmp_path, http, capfd):
+    good = _tarball(tmp_path, "arc-1.0", {"a.txt": "a\n"})
+    cfg = write_config(tmp_path, url_package("arc", http.url(good.name), _sha(good)))
+    with pytest.raises(
+        UserError, match=f"offline, and its archive \\(sha256 {_sha(good)}\\) is not in the cache"
+    ):
+        sources.prepare(cfg, "arc", offline=True)
+    http.httpd.failures = 2
+    co = sources.prepare(cfg, "arc")
+    assert (co.path / "a.txt").read_text() == "a\n"
+    assert capfd.readouterr().err.count("HTTP 503 busy; retrying") == 2
+    http.httpd.failures = 3
+    (tmp_path / "third_party/.arc.stamp.json").unlink()
+    sources.archive_path(cfg.build.cache_dir, _sha(good), good.name).unlink()
+    with pytest.raises(UserError, match=r"^arc: .*: HTTP 503 busy after 3 attempts; try again later$"):
+        sources.prepare(cfg, "arc")
