@@ -3,7 +3,8 @@
 The split is a fixed function of the file name (see ``tests/data/diagnose/README.md``), decided
 before the classifier was tuned: tune on ``--train``, report ``--held-out``. ``--fresh`` is a
 third set, ``tests/data/diagnose/fresh/``, gathered only after the classifier was frozen
-(commit ac32f62), so no signal was written with those texts in view.
+(commit ac32f62); ``--fresh2``, ``fresh2/``, only after the second freeze (d441963), which
+had learnt from the first fresh set's misses.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "diagnose"
 FRESH = FIXTURES / "fresh"
+FRESH2 = FIXTURES / "fresh2"
 
 
 def is_held_out(path: Path) -> bool:
@@ -27,11 +29,11 @@ def is_held_out(path: Path) -> bool:
 
 
 def fixtures(split: str) -> list[tuple[Path, str]]:
-    """(path, expected category) of every fixture in one split: train, held-out or fresh."""
+    """(path, expected category) of every fixture in one split: train, held-out, fresh, fresh2."""
     out = []
-    paths = FRESH.glob("*.log") if split == "fresh" else FIXTURES.glob("*.log")
-    for path in sorted(paths):
-        if split != "fresh" and is_held_out(path) != (split == "held-out"):
+    directory = {"fresh": FRESH, "fresh2": FRESH2}.get(split, FIXTURES)
+    for path in sorted(directory.glob("*.log")):
+        if directory is FIXTURES and is_held_out(path) != (split == "held-out"):
             continue
         for line in path.read_text().splitlines():
             if line.startswith("# category:"):
@@ -61,9 +63,10 @@ def main() -> None:
     group.add_argument("--train", action="store_true")
     group.add_argument("--held-out", action="store_true")
     group.add_argument("--fresh", action="store_true")
+    group.add_argument("--fresh2", action="store_true")
     parser.add_argument("-v", action="store_true", help="name each misclassified fixture")
     args = parser.parse_args()
-    name = "held-out" if args.held_out else "fresh" if args.fresh else "train"
+    name = "held-out" if args.held_out else "fresh" if args.fresh else "fresh2" if args.fresh2 else "train"
     correct, total, confusions = evaluate(name)
     print(f"{name}: {correct}/{total} = {correct / max(total, 1):.1%}")
     for (expected, got), n in confusions.most_common():
