@@ -429,3 +429,12 @@ def test_local_label_is_added_and_record_rewritten(built):
     for entry in house.entries():
         assert entry.version.endswith("+rf")
         _record_is_honest(entry.path)
+
+
+def test_example_config_pins_the_commits_make_repos_creates(tmp_path):
+    """Editing a fixture changes its commit: examples/fixtures.toml must follow, or the README path breaks."""
+    from rocmforge.config import load_config
+
+    cfg = load_config(EXAMPLES / "fixtures.toml", environ={})
+    commits = _make_repos(tmp_path)
+    assert {name: cfg.package(name).source.commit for name in commits} == commits
