@@ -278,8 +278,16 @@ def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: f
     log = buildlog.log_path(cfg.build.logs_dir, pkg.name)
     download = work / "download"
     _remove(download)
+    # pip picks the wheel for the build Python's tags; a seeded venv of that Python brings pip
+    # along (the interpreter running rocmforge may be a uv venv without it).
+    venv = work / "venv"
+    if not (venv / "bin" / "pip").is_file():
+        _remove(venv)
+        seed = [_uv(), "venv", "--quiet", "--seed", "--python", _python(cfg), str(venv)]
+        if not buildlog.run_step(f"{pkg.name}: venv", seed, cwd=work, env=dict(os.environ), log=log).ok:
+            raise UserError(f"{pkg.name}: could not create a venv for {_python(cfg)}; full log: {log}")
     argv = [
-        _python(cfg),
+        str(venv / "bin" / "python"),
         "-m",
         "pip",
         "download",
