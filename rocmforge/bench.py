@@ -520,14 +520,14 @@ def _require_gpu(env: Env, probe: dict) -> None:
 
 
 def _finish(report: dict, out: Path) -> int:
-    """Write bench.json and bench.png, print the summary, and say whether everything passed."""
+    """Write bench.json, print the summary, draw bench.png, and say whether everything passed."""
     json_path = atomic_write(out / "bench.json", json.dumps(report, indent=1) + "\n")
+    bench_report.print_summary(report, console)
     try:
         png_path = atomic_write(out / "bench.png", bench_report.plot(report))
     except ImportError:
         png_path = None
         console.print("bench.png not written: matplotlib is not installed here (pip install matplotlib)")
-    bench_report.print_summary(report, console)
     console.print(f"results: {json_path}" + (f" and {png_path}" if png_path else ""))
     failures = bench_report.failures(report)
     for failure in failures:
