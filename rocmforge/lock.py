@@ -109,6 +109,8 @@ def _require_same(locked: Mapping, current: Mapping, prefix: str) -> None:
 def _differences(a: Mapping, b: Mapping, prefix: str):
     # The fingerprint sums up the other keys: name what differs before it.
     for key in sorted({*a, *b}, key=lambda k: (k == "fingerprint", k)):
+        if key == "url":
+            continue  # where it came from is informational (an sdist has no URL offline); hashes decide
         x, y = a.get(key), b.get(key)
         if isinstance(x, Mapping) and isinstance(y, Mapping):
             yield from _differences(x, y, f"{prefix}.{key}" if prefix else key)
