@@ -348,7 +348,9 @@ def plot(report: dict) -> bytes:
             f = r["envs"].get(label, {}).get("figures", {})
             values.append(f.get("roofline_pct", 0.0))
         ys = [y + i * height for y in range(len(results))]
-        bars = ax.barh(ys, values, height=height, label=f"{label}: {report['envs'][label]['torch']}")
+        env = report["envs"][label]
+        settings = " ".join(f"{k}={v}" for k, v in env.get("overrides", {}).items())
+        bars = ax.barh(ys, values, height=height, label=f"{label}: torch {env['torch']} {settings}".rstrip())
         for bar, r in zip(bars, results, strict=True):
             f = r["envs"].get(label, {}).get("figures", {})
             text = f"{f['tflops']:.0f} TFLOP/s" if f.get("tflops", 0) >= 1 else f"{f.get('gbps', 0):.0f} GB/s"
