@@ -264,6 +264,12 @@ def test_env_assignments():
         bench.parse_env_assignments(["NOVALUE"], "--b-env")
 
 
+def test_only_names_known_sections():
+    assert bench._sections("gemm, triton") == ["gemm", "triton"]
+    with pytest.raises(UserError, match="--only 'gemm,fp4': choose from gemm,bandwidth,triton,vllm"):
+        bench._sections("gemm,fp4")
+
+
 def test_worker_protocol_in_an_environment_without_torch(tmp_path):
     try:
         import torch  # noqa: F401
