@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -827,38 +828,39 @@ def _sdist_url(name: str, version: str, sha256: str, *, what: str) -> tuple[str,
 
 
 def _http_get(url: str, *, what: str, accept: str = "*/*") -> tuple[bytes, str]:
-    with _http_retry(url, what=what, accept=accept) as resp:
-        return resp.read(), resp.headers.get("Content-Type", "")
+    def get() -> tuple[bytes, str]:
+        with _open(url, accept) as resp:
+            return resp.read(), resp.headers.get("Content-Type", "")
+
+    return _with_retries(get, url=url, what=what)
 
 
-@contextlib.contextmanager
-def _http_retry(url: str, *, what: str, accept: str = "*/*"):
-    """Open ``url``, retrying connection errors and 5xx answers with backoff."""
+def _open(url: str, accept: str = "*/*"):
     request = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": "rocmforge"})
+    return urllib.request.urlopen(request, timeout=60)
+
+
+def _with_retries(action, *, url: str, what: str):
+    """``action()`` talks HTTP to ``url``: retry failed or cut connections and 5xx answers with backoff."""
     for delay in (*RETRY_DELAYS, None):
         try:
-            resp = urllib.request.urlopen(request, timeout=60)
+            return action()
         except urllib.error.HTTPError as exc:
             if exc.code < 500:
                 raise UserError(f"{what}: {url}: HTTP {exc.code} {exc.reason}; check the url") from None
             error = f"HTTP {exc.code} {exc.reason}"
-            if delay is None:
-                raise UserError(
-                    f"{what}: {url}: {error} after {len(RETRY_DELAYS) + 1} attempts; try again later"
-                ) from None
-        except (urllib.error.URLError, OSError) as exc:
-            error = str(getattr(exc, "reason", exc))
-            if delay is None:
-                raise UserError(
-                    f"{what}: network error after {len(RETRY_DELAYS) + 1} attempts at {url}: {error}; "
-                    "check the connection, or build offline from a filled cache or an export"
-                ) from None
-        else:
-            with resp:
-                yield resp
-            return
+            final = f"{what}: {url}: {error} after {len(RETRY_DELAYS) + 1} attempts; try again later"
+        except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
+            error = str(getattr(exc, "reason", None) or exc) or type(exc).__name__
+            final = (
+                f"{what}: network error after {len(RETRY_DELAYS) + 1} attempts at {url}: {error}; "
+                "check the connection, or build offline from a filled cache or an export"
+            )
+        if delay is None:
+            raise UserError(final) from None
         console.print(f"{what}: {url}: {error}; retrying in {delay:g} s")
         time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def _sha256_file(path: Path) -> str:
@@ -901,15 +903,26 @@ def _fetch_archive(cache, url, filename, sha256, *, offline, bundle, what) -> Pa
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", suffix=".part", dir=dest.parent)
         try:
+            os.close(fd)
             console.print(f"{what}: downloading {url}")
-            h = hashlib.sha256()
-            with os.fdopen(fd, "wb") as out, _http_retry(url, what=what) as resp:
-                for chunk in iter(lambda: resp.read(1 << 20), b""):
-                    h.update(chunk)
-                    out.write(chunk)
-            if h.hexdigest() != sha256:
+
+            def download() -> str:
+                h, received = hashlib.sha256(), 0
+                with _open(url) as resp, open(tmp, "wb") as out:  # "wb": a retry starts over
+                    for chunk in iter(lambda: resp.read(1 << 20), b""):
+                        h.update(chunk)
+                        out.write(chunk)
+                        received += len(chunk)
+                    expected = int(resp.headers.get("Content-Length") or received)
+                # A connection closed early looks like the end of the file to read(n): check it.
+                if received < expected:
+                    raise http.client.IncompleteRead(b"", expected - received)
+                return h.hexdigest()
+
+            digest = _with_retries(download, url=url, what=what)
+            if digest != sha256:
                 raise UserError(
-                    f"{what}: {url} has sha256 {h.hexdigest()}, expected {sha256}; the download was deleted "
+                    f"{what}: {url} has sha256 {digest}, expected {sha256}; the download was deleted "
                     f"(fix packages.{what}.source.sha256 if the archive changed on purpose)"
                 )
             os.replace(tmp, dest)

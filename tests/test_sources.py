@@ -417,3 +417,21 @@ def test_http_errors_are_retried_and_offline_names_the_archive(tmp_path, http, c
     sources.archive_path(cfg.build.cache_dir, _sha(good), good.name).unlink()
     with pytest.raises(UserError, match=r"^arc: .*: HTTP 503 busy after 3 attempts; try again later$"):
         sources.prepare(cfg, "arc")
+
+
+def test_archive_download_cut_mid_transfer(tmp_path, http):
+    good = _tarball(tmp_path, "arc-1.0", {"a.txt": "a\n"})
+    proxy = CuttingProxy(http.port, limit=10**9)
+    cfg = write_config(tmp_path, url_package("arc", f"http://127.0.0.1:{proxy.port}/{good.name}", _sha(good)))
+    sources.prepare(cfg, "arc")
+    before = snapshot(tmp_path / "third_party", cfg.build.cache_dir)
+    big = _tarball(tmp_path, "arc-2.0", {"blob.txt": os.urandom(300_000).hex()})
+    proxy.limit = 20_000
+    cfg = write_config(tmp_path, url_package("arc", f"http://127.0.0.1:{proxy.port}/{big.name}", _sha(big)))
+    with pytest.raises(
+        UserError, match=r"^arc: network error after 3 attempts at http://.*IncompleteRead"
+    ) as err:
+        sources.prepare(cfg, "arc")
+    assert "\n" not in str(err.value) and proxy.cuts >= 3
+    assert snapshot(tmp_path / "third_party", cfg.build.cache_dir) == before
+    proxy.close()
