@@ -35,7 +35,7 @@ LOCK_FILE = "rocmforge.lock.toml"
 LOCKED_ENV = "ROCMFORGE_LOCKED"
 _HEADER = """\
 # rocmforge.lock.toml: the exact sources and toolchain of a build.
-# Written by `nox -s lock` (and by every build); replay it with ROCMFORGE_LOCKED=1.
+# Written by `nox -s lock`; replay or check it with ROCMFORGE_LOCKED=1.
 # Do not edit by hand: change build_config.toml and run `nox -s lock` again.
 """
 
@@ -204,7 +204,8 @@ def write_lock(cfg: Config, *, offline: bool = False, locked: bool | None = None
     """Write ``rocmforge.lock.toml`` (atomically); in locked mode refuse any difference instead."""
     locked = locked_mode() if locked is None else locked
     path = lock_path(cfg)
-    with file_lock(path.with_name(f".{LOCK_FILE}.lock"), what="writing the lock"):
+    # The guard lives with the checkouts (git-ignored), not next to the committed lock file.
+    with file_lock(cfg.build.third_party / f".{LOCK_FILE}.lock", what="writing the lock"):
         data = build_lock(cfg, offline=offline)
         if locked:
             existing = read_lock(cfg)
