@@ -575,6 +575,8 @@ def _fetch_pinned(mirror: Path, url, rev, pin, *, what) -> str:
             )
     if target is not None:
         _fetch_commit(mirror, target, what=what)
+    elif branch is not None:
+        _deepen_until(mirror, branch, pin, what=what)
     else:
         # An abbreviated commit cannot be asked for by id: fetch the refs and resolve locally.
         _fetch_all(mirror, what=what)
@@ -585,6 +587,27 @@ def _fetch_pinned(mirror: Path, url, rev, pin, *, what) -> str:
         _check_on_branch(mirror, full, branch, what=what, url=url)
     git.run(["update-ref", f"refs/rocmforge/{full}", full], git_dir=mirror)
     return full
+
+
+def _deepen_until(mirror: Path, branch: str, pin: str, *, what: str) -> None:
+    """Find an abbreviated ``pin`` in ``branch``'s recent history, fetching deeper each time.
+
+    A pin is usually close to its branch's tip, so this costs far less than the full history
+    (which is the last resort).
+    """
+    ref = f"+refs/heads/{branch}:refs/rocmforge/branches/{branch}"
+    for depth in (100, 2000, 20000):
+        console.print(f"{what}: looking for {pin} in the last {depth} commits of {branch}")
+        proc = _remote(
+            ["fetch", "-q", "--no-write-fetch-head", "--depth", str(depth), "origin", ref],
+            git_dir=mirror,
+            what=what,
+        )
+        if proc.returncode != 0:
+            raise UserError(f"{what}: fetch of branch {branch!r} failed: {git.last_line(proc.stderr)}")
+        if git.resolve(pin, git_dir=mirror):
+            return
+    _fetch_all(mirror, what=what)
 
 
 def _ls_remote(mirror: Path, url: str, rev: str, *, what: str) -> tuple[str, str | None]:

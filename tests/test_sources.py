@@ -119,8 +119,10 @@ def test_pin_bump_fetches_only_new_objects(tmp_path, upstream, daemon):
     assert objects_after - objects_before == new_objects  # commit, root tree, README blob
 
 
-def test_branch_that_moved_on_still_contains_the_pin(tmp_path, upstream, daemon):
-    cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "main", upstream.shas["c2"]))
+@pytest.mark.parametrize("digits", [40, 8])
+def test_branch_that_moved_on_still_contains_the_pin(tmp_path, upstream, daemon, digits):
+    pin = upstream.shas["c2"][:digits]
+    cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "main", pin))
     co = sources.prepare(cfg, "app")
     assert co.commit == upstream.shas["c2"]
 
