@@ -148,7 +148,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         },
         "backend": cfg.build.backend,
         "arch": list(cfg.build.arch),
-        "compilers": dict(facts.compilers),
+        "compilers": compilers_used(own_env, facts),
         "rocm": rocm_version(facts),
         "python": _python_version(cfg),
         "requirements": requirements,
@@ -161,7 +161,9 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     if state and state.get("fingerprint") == fingerprint and current:
         return Result(name, "up to date", current, time.monotonic() - start)
     if state:
-        console.print(f"{name}: rebuilding, changed: {', '.join(_changed(state.get('inputs', {}), inputs))}")
+        changed = _changed(state.get("inputs", {}), inputs)
+        more = [f"{len(changed) - 6} more"] if len(changed) > 6 else []
+        console.print(f"{name}: rebuilding, changed: {', '.join(changed[:6] + more)}", markup=False)
     for stale in [dist, work / "out", *recipe.stale_paths(ctx)]:
         _remove(stale)
     (work / STATE_FILE).unlink(missing_ok=True)
@@ -371,7 +373,7 @@ def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str)
         "backend": cfg.build.backend,
         "arch": list(cfg.build.arch),
         "rocm_version": rocm_version(facts) if facts is not None else None,
-        "compilers": dict(facts.compilers) if facts is not None else {},
+        "compilers": compilers_used(env, facts) if facts is not None else {},
         "opt_level": cfg.build.opt_level,
         "env": dict(env),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -451,6 +453,18 @@ def _python_version(cfg: Config) -> str:
     if out.returncode != 0:
         raise UserError(f"build.python: {cfg.build.python!r} does not run; give a python executable path")
     return out.stdout.strip()
+
+
+def compilers_used(env: Mapping[str, str], facts) -> dict[str, str | None]:
+    """Versions of the C and C++ compilers the build uses (``CC``/``CXX``), all known if unset.
+
+    Only these shape the output; a compiler merely installed elsewhere on PATH must not force
+    a rebuild. HIP code is compiled by ROCm's clang, which the ROCm version covers.
+    """
+    chosen = [env[k] for k in ("CC", "CXX") if env.get(k)]
+    if not chosen:
+        return dict(facts.compilers)
+    return {cmd: facts.compilers.get(Path(cmd).name) for cmd in chosen}
 
 
 def rocm_version(facts) -> str | None:
