@@ -163,7 +163,9 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     if state:
         changed = _changed(state.get("inputs", {}), inputs)
         more = [f"{len(changed) - 6} more"] if len(changed) > 6 else []
-        console.print(f"{name}: rebuilding, changed: {', '.join(changed[:6] + more)}", markup=False)
+        console.print(
+            f"{name}: rebuilding, changed: {', '.join(changed[:6] + more)}", markup=False, soft_wrap=True
+        )
     for stale in [dist, work / "out", *recipe.stale_paths(ctx)]:
         _remove(stale)
     (work / STATE_FILE).unlink(missing_ok=True)
