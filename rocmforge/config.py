@@ -443,9 +443,10 @@ def _compile_cache(t: _Table, root: Path, environ: Mapping[str, str], notes: lis
             f'{ct.key("backend")}: {backend!r} needs tool = "sccache"; ccache stores locally or in redis'
         )
     if backend == "redis" and not (store.url and _REDIS_URL_RE.match(store.url)):
-        raise UserError(
-            f'{ct.key("url")}: the redis backend needs a redis:// URL, e.g. "redis://cache.lan:6379/0"'
-            f" (got {store.url!r})"
+        var = "SCCACHE_REDIS_ENDPOINT" if tool == "sccache" else "CCACHE_REMOTE_STORAGE"
+        raise UserError(  # the value is not shown: it may hold a password
+            f'{ct.key("url")}: the redis backend needs a redis:// URL such as "redis://cache.lan:6379/0",'
+            f" here or in {var}"
         )
     if backend in ("s3", "gcs") and not store.bucket:
         raise UserError(f"{ct.key('bucket')}: required for the {backend} backend")
