@@ -46,6 +46,7 @@ _LAUNCHER_VARIABLES = frozenset(
 # sccache serves one configuration per server; a port per store keeps a server started for one
 # store from silently serving a build configured for another (it ignores the new variables).
 _PORT_BASE, _PORT_SPAN = 10000, 20000
+_REDIS_DB_RE = re.compile(r"^[a-z+]+://[^/]+/([0-9]+)/?$")
 _PASSWORD_RE = re.compile(r"(://[^:/@\s]*:)\S+@")
 
 
@@ -136,6 +137,9 @@ def _sccache_env(cfg: Config) -> dict[str, str]:
     elif store.backend == "redis":
         env["SCCACHE_REDIS_ENDPOINT"] = store.url or ""
         env["SCCACHE_REDIS_KEY_PREFIX"] = store.prefix
+        # sccache (>= 0.8) ignores the database in the URL's path and reads it from here.
+        if db := _REDIS_DB_RE.search(store.url or ""):
+            env["SCCACHE_REDIS_DB"] = db[1]
     elif store.backend == "s3":
         env["SCCACHE_BUCKET"] = store.bucket or ""
         env["SCCACHE_S3_KEY_PREFIX"] = store.prefix

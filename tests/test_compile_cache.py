@@ -8,6 +8,7 @@ with one Redis server on 127.0.0.1 between them: the second build must be served
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -132,6 +133,7 @@ def test_remote_stores_and_one_server_per_store(tmp_path):
     redis = env_for({"backend": "redis", "url": "redis://10.0.0.5:6379/1", "prefix": "team"})
     assert redis["SCCACHE_REDIS_ENDPOINT"] == "redis://10.0.0.5:6379/1"
     assert redis["SCCACHE_REDIS_KEY_PREFIX"] == "team"
+    assert redis["SCCACHE_REDIS_DB"] == "1"  # sccache reads the database from here, not the URL
     assert "SCCACHE_DIR" not in redis
     s3 = env_for({"backend": "s3", "bucket": "objs", "url": "http://minio:9000", "region": "eu"})
     assert (s3["SCCACHE_BUCKET"], s3["SCCACHE_ENDPOINT"], s3["SCCACHE_REGION"]) == (
@@ -230,7 +232,7 @@ def redis_url(tmp_path):
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise
             time.sleep(0.1)
-        yield f"redis://127.0.0.1:{port}/0", port
+        yield f"redis://127.0.0.1:{port}/3", port
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -296,8 +298,8 @@ def test_two_builders_share_a_redis_store(tmp_path, redis_url, tool):
     first, out1 = _build(_checkout(tmp_path / "builder-a", tool, url))
     # CMake's own compiler checks go through the launcher too, hence ">=".
     assert first.hits == 0 and first.misses >= compiles, first.summary()
-    stored = int(_redis_command(port, "DBSIZE").strip(b":\r\n"))
-    assert stored >= compiles  # the objects went to Redis
+    keys = re.search(r"^db3:keys=(\d+)", _redis_command(port, "INFO", "keyspace").decode(), re.M)
+    assert keys and int(keys[1]) >= compiles  # the objects went to the database the URL names
 
     # Another path, another build directory, another cache server or local store: only Redis
     # is shared, so every hit below comes from it.
