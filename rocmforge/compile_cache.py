@@ -126,8 +126,11 @@ def is_cache_variable(name: str) -> bool:
 def _sccache_env(cfg: Config) -> dict[str, str]:
     store = cfg.build.cache_store
     env = {
-        # Checkouts at different paths (two builders, two worktrees) share entries (sccache >= 0.15).
-        "SCCACHE_BASEDIRS": str(cfg.root),
+        # Checkouts at different paths (two builders, two worktrees) share entries (sccache >= 0.15);
+        # sources and build trees may live outside the checkout (build.third_party, work_dir).
+        "SCCACHE_BASEDIRS": os.pathsep.join(
+            sorted({str(cfg.root), str(cfg.build.third_party), str(cfg.build.work_dir)})
+        ),
         # A store that goes away mid-build must not fail a two-hour build: compile uncached.
         "SCCACHE_IGNORE_SERVER_IO_ERROR": "1",
     }

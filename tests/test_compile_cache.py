@@ -98,12 +98,14 @@ def test_no_cache_no_variables(tmp_path):
 
 
 def test_launchers_cover_c_cxx_and_hip(tmp_path):
-    cfg = config(tmp_path, "sccache", cache_dir="cache")
+    cfg = config(tmp_path, "sccache", cache_dir="cache", third_party="/scratch/sources")
     env = compile_cache.launcher_env(cfg, {**TOOLS, "rocm_version": "7.2"})
     for lang in ("C", "CXX", "HIP"):
         assert env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] == TOOLS["sccache"]
     assert env["SCCACHE_DIR"] == str(tmp_path / "cache" / "sccache")
-    assert env["SCCACHE_BASEDIRS"] == str(tmp_path)
+    assert env["SCCACHE_BASEDIRS"].split(":") == sorted(
+        {str(tmp_path), "/scratch/sources", str(tmp_path / "build")}
+    )
     # hipcc before ROCm 7.13 ignores HIP_CLANG_LAUNCHER; from 7.13 on it runs clang through it.
     assert "HIP_CLANG_LAUNCHER" not in env
     newer = compile_cache.launcher_env(cfg, {**TOOLS, "rocm_version": "7.13.0"})
