@@ -362,6 +362,8 @@ def require_ok(cfg: Config, facts: HostFacts, packages: list[str] | None) -> lis
     """Run the checks; raise a one-line ``UserError`` with the verdict when any fails."""
     checks = run_checks(cfg, facts, packages)
     if any(c.status == FAIL for c in checks):
+        # Show the rows that matter (with their fixes) before the one-line verdict.
+        render([c for c in checks if c.status != OK])
         raise UserError(verdict(checks) + " `nox -s toolchain`", exit_code=1)
     return checks
 
