@@ -107,7 +107,7 @@ def build_package(cfg: Config, name: str, *, facts=None) -> Result:
 
 
 def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, start: float) -> Result:
-    from rocmforge import buildenv, sources
+    from rocmforge import buildenv, lock, sources
 
     name = pkg.name
     checkout = sources.prepare(cfg, name)
@@ -159,6 +159,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     state = _read_state(work)
     current = _published(house, state)
     if state and state.get("fingerprint") == fingerprint and current:
+        lock.record_build(cfg, checkout, facts)
         return Result(name, "up to date", current, time.monotonic() - start)
     if state:
         changed = _changed(state.get("inputs", {}), inputs)
@@ -221,6 +222,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     wheel = _fixup(ctx, recipe, built, work / "out", record)
     entry = house.publish(wheel)
     _write_state(work, fingerprint, inputs, entry)
+    lock.record_build(cfg, checkout, facts)
     _remove(work / "out")
     return Result(name, "built", entry.path, time.monotonic() - start)
 

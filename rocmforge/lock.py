@@ -12,11 +12,8 @@ be checked out and the lock stops the run with the first difference named.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -118,43 +115,34 @@ def _differences(a: Mapping, b: Mapping, prefix: str):
             yield (f"{prefix}.{key}" if prefix else key), x, y
 
 
-def toolchain_facts() -> dict[str, str]:
-    """ROCm and compiler versions, from ``rocmforge.host`` when available."""
-    if importlib.util.find_spec("rocmforge.host") is not None:
-        from rocmforge import host
+def toolchain_facts(facts=None) -> dict[str, str]:
+    """ROCm and compiler versions from host facts (gathered now when not given)."""
+    from rocmforge import host
 
-        facts = host.gather()
-        found = {name: str(version) for name, version in facts.compilers.items() if version}
-        if facts.rocm_installs:
-            found["rocm"] = str(facts.rocm_installs[0].version)
-        found["python"] = ".".join(map(str, sys.version_info[:3]))
-        return dict(sorted(found.items()))
-    return _own_toolchain_facts()
-
-
-def _own_toolchain_facts() -> dict[str, str]:
-    """Minimal version probe for hosts without ``rocmforge.host``: first version-looking word."""
-    found = {"python": ".".join(map(str, sys.version_info[:3]))}
-    for tool, args in (
-        ("gcc", ["-dumpfullversion"]),
-        ("clang", ["--version"]),
-        ("hipcc", ["--version"]),
-        ("cmake", ["--version"]),
-        ("git", ["--version"]),
-    ):
-        exe = shutil.which(tool)
-        if exe is None:
-            continue
-        out = subprocess.run(
-            [exe, *args], capture_output=True, text=True, env={**os.environ, "HIP_PLATFORM": "amd"}
-        )
-        m = re.search(r"\d+\.\d+(\.\d+)?", out.stdout)
-        if m:
-            found[tool] = m.group(0)
-    rocm = Path(os.environ.get("ROCM_PATH", "/opt/rocm")) / ".info" / "version"
-    if rocm.is_file():
-        found["rocm"] = rocm.read_text().strip()
+    facts = host.gather() if facts is None else facts
+    found = {name: str(version) for name, version in facts.compilers.items() if version}
+    if facts.rocm_installs:
+        found["rocm"] = str(facts.rocm_installs[0].version)
+    found["python"] = ".".join(map(str, sys.version_info[:3]))
     return dict(sorted(found.items()))
+
+
+def record_build(cfg: Config, checkout, facts) -> None:
+    """After a package build: update its entry (and the toolchain) in the lock, keeping the others.
+
+    Every build thus leaves a lock describing what it used; locked mode only reads the lock
+    (``sources.prepare`` has already checked the checkout against it).
+    """
+    if locked_mode():
+        return
+    path = lock_path(cfg)
+    with file_lock(cfg.build.third_party / f".{LOCK_FILE}.lock", what="writing the lock"):
+        data = read_lock(cfg) or {}
+        packages = dict(data.get("packages", {}))
+        packages[checkout.package] = package_entry(checkout)
+        text = render({"toolchain": toolchain_facts(facts), "packages": packages})
+        if not (path.is_file() and path.read_text() == text):
+            atomic_write(path, text)
 
 
 def render(data: Mapping) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rocmforge.config import tomllib
 from rocmforge.wheelfile import read_member, wheel_name
 from rocmforge.wheelhouse import Wheelhouse
 
@@ -203,6 +204,19 @@ def test_provenance_records_source_patches_and_toolchain(built):
     assert record["env"]["PYTORCH_ROCM_ARCH"] == "gfx90a"
     assert record["rocm_version"] and record["compilers"]
     assert record["version"] == "1.0.0+rf" and record["retries"] == []
+
+
+@pytest.mark.slow
+def test_every_build_records_its_sources_in_the_lock(built):
+    root, _config, house, _proc = built
+    lock = tomllib.loads((root / "rocmforge.lock.toml").read_text())
+    assert set(lock["packages"]) == {"patchme", "dependent", "hipkernel"}
+    (entry,) = house.find("patchme")
+    record = json.loads(read_member(entry.path, "rocmforge.json"))
+    locked = lock["packages"]["patchme"]
+    assert locked["commit"] == record["source"]["commit"]
+    assert locked["patches"] == {p["file"]: p["sha256"] for p in record["patches"]}
+    assert lock["toolchain"]["rocm"] == record["rocm_version"]
 
 
 @pytest.mark.slow
