@@ -38,9 +38,9 @@ from rocmforge import __version__, buildlog, compile_cache, provenance, recipes
 from rocmforge.config import Config, Package
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write, file_lock
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256
 from rocmforge.wheelfile import drop_requirements, read_metadata, rewrite_wheel, wheel_name, with_local_label
-from rocmforge.wheelhouse import Wheelhouse, file_sha256
+from rocmforge.wheelhouse import Wheelhouse
 
 # Variables of the caller's environment that change what a compiler produces.
 SHAPING_VARIABLES = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import tempfile
 import time
@@ -90,3 +91,12 @@ def _read_holder(path: Path) -> str:
         return path.read_text(errors="replace").strip()
     except OSError:
         return ""
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in chunks (wheels and archives can be gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

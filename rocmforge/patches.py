@@ -22,7 +22,6 @@ edits. A patch that upstream already contains (it applies in reverse) is skipped
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 import tempfile
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from rocmforge import git
 from rocmforge.config import Config, Package, load_config
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write
+from rocmforge.fsutil import atomic_write, file_sha256
 
 _FORMAT_PATCH_RE = re.compile(rb"^From [0-9a-f]{40} ")
 _FAILED_RE = re.compile(r"patch failed: (.+):(\d+)$", re.MULTILINE)
@@ -66,11 +65,6 @@ def patches_dir(cfg: Config, package: str) -> Path:
     return cfg.root / "patches" / package
 
 
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def select(cfg: Config, pkg: Package, version: str | None) -> list[Selected]:
     """The configured patches that apply to ``version``, each file present and matching its sha256."""
     from packaging.specifiers import SpecifierSet
@@ -93,7 +87,7 @@ def select(cfg: Config, pkg: Package, version: str | None) -> list[Selected]:
         path = patches_dir(cfg, pkg.name) / p.file
         if not path.is_file():
             raise UserError(f"{key}.file: {path} does not exist; restore the file or remove the entry")
-        actual = sha256_of(path)
+        actual = file_sha256(path)
         if actual != p.sha256:
             raise UserError(
                 f"{path.name}: sha256 is {actual} but {key}.sha256 says {p.sha256}; "
@@ -251,7 +245,7 @@ def new_patch(
     lines = [
         f"[[packages.{package}.patches]]",
         f'file = "{path.name}"',
-        f'sha256 = "{sha256_of(path)}"',
+        f'sha256 = "{file_sha256(path)}"',
         f"reason = {_toml_string(reason)}",
     ]
     if upstream:

@@ -46,7 +46,7 @@ from rocmforge import patches as patchmod
 from rocmforge.config import Config, Package, Source
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write, file_lock
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256
 
 # Seconds to wait before each retry of a network operation; the last failure is reported.
 RETRY_DELAYS: tuple[float, ...] = (2.0, 5.0, 15.0)
@@ -886,14 +886,6 @@ def _with_retries(action, *, url: str, what: str):
     raise AssertionError("unreachable")
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def archive_path(cache: Path, sha256: str, filename: str) -> Path:
     """Where an archive with this hash lives in the cache."""
     return cache / "archives" / sha256 / filename
@@ -910,7 +902,7 @@ def _fetch_archive(cache, url, filename, sha256, *, offline, bundle, what) -> Pa
         dest.parent.with_suffix(".lock"), what=f"fetching {filename}", on_wait=_waiting(str(dest))
     ):
         if dest.is_file():
-            if _sha256_file(dest) == sha256:
+            if file_sha256(dest) == sha256:
                 return dest
             console.print(f"{what}: cached {dest} is corrupt (sha256 differs); deleting it")
             dest.unlink()

@@ -496,7 +496,7 @@ def run(
 
 def _wheel_hashes(wheels: Iterable[Path]) -> dict[str, str]:
     """sha256 -> wheel file name, to match the hashes provenance records."""
-    from rocmforge.wheelhouse import file_sha256
+    from rocmforge.fsutil import file_sha256
 
     return {file_sha256(w): w.name for w in wheels}
 

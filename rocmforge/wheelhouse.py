@@ -22,7 +22,6 @@ Installing so that PyPI can never replace our wheels::
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import html
 import json
 import os
@@ -35,7 +34,7 @@ from urllib.parse import quote
 from packaging.utils import canonicalize_name
 
 from rocmforge.console import console
-from rocmforge.fsutil import atomic_write, file_lock
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256
 from rocmforge.wheelfile import wheel_name
 
 _HASHES = ".sha256.json"  # cache: wheel file name -> [size, mtime_ns, sha256]
@@ -160,15 +159,6 @@ class Wheelhouse:
             st = e.path.stat()
             data[fname] = [st.st_size, st.st_mtime_ns, e.sha256]
         atomic_write(self.root / _HASHES, json.dumps(data, indent=1, sort_keys=True))
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in chunks (wheels can be gigabytes)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def install_commands(root: str | os.PathLike[str], projects: list[str]) -> list[str]:

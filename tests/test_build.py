@@ -197,7 +197,7 @@ def test_provenance_records_source_patches_and_toolchain(built):
     assert record["source"]["commit"] == commit
     assert record["source"]["url"] == (root / "repos" / "patchme").as_uri()
     patch = root / "patches" / "patchme" / "0001-define-the-answer.patch"
-    from rocmforge.wheelhouse import file_sha256
+    from rocmforge.fsutil import file_sha256
 
     assert record["patches"] == [{"file": patch.name, "sha256": file_sha256(patch)}]
     assert record["arch"] == ["gfx90a"] and record["backend"] == "rocm"
@@ -282,8 +282,8 @@ def test_a_dependency_without_a_wheel_is_named(tmp_path):
 def test_prebuilt_wheel_is_published_byte_identical(tmp_path):
     from rocmforge.build import build_package
     from rocmforge.config import load_config
+    from rocmforge.fsutil import file_sha256
     from rocmforge.host import gather
-    from rocmforge.wheelhouse import file_sha256
 
     vendor = tmp_path / "vendor"
     vendor.mkdir()

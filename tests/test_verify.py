@@ -21,7 +21,8 @@ from gpu_objects import hipcc, need
 
 from rocmforge import verify
 from rocmforge.config import load_config
-from rocmforge.wheelhouse import Wheelhouse, file_sha256
+from rocmforge.fsutil import file_sha256
+from rocmforge.wheelhouse import Wheelhouse
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON_PIN = "pytorch-triton-rocm==3.8.0+git669b31ac"

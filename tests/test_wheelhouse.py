@@ -12,8 +12,9 @@ from urllib.parse import unquote
 
 import pytest
 
+from rocmforge.fsutil import file_sha256
 from rocmforge.wheelfile import read_member, wheel_name
-from rocmforge.wheelhouse import Wheelhouse, file_sha256
+from rocmforge.wheelhouse import Wheelhouse
 
 ROOT = Path(__file__).resolve().parents[1]
 
