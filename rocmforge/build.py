@@ -147,7 +147,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
             "options": dict(pkg.options),
         },
         "backend": cfg.build.backend,
-        "arch": list(cfg.build.arch),
+        "arch": list(target_archs(cfg)),
         "compilers": compilers_used(own_env, facts),
         "rocm": rocm_version(facts),
         "python": _python_version(cfg),
@@ -375,7 +375,7 @@ def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -
 def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str) -> dict:
     return {
         "backend": cfg.build.backend,
-        "arch": list(cfg.build.arch),
+        "arch": list(target_archs(cfg)),
         "rocm_version": rocm_version(facts) if facts is not None else None,
         "compilers": compilers_used(env, facts) if facts is not None else {},
         "opt_level": cfg.build.opt_level,
@@ -463,12 +463,19 @@ def compilers_used(env: Mapping[str, str], facts) -> dict[str, str | None]:
     """Versions of the C and C++ compilers the build uses (``CC``/``CXX``), all known if unset.
 
     Only these shape the output; a compiler merely installed elsewhere on PATH must not force
-    a rebuild. HIP code is compiled by ROCm's clang, which the ROCm version covers.
+    a rebuild. HIP code is compiled by ROCm's clang, which the ROCm version covers; CUDA code
+    by nvcc, whose version is added for a CUDA build.
     """
     chosen = [env[k] for k in ("CC", "CXX") if env.get(k)]
-    if not chosen:
-        return dict(facts.compilers)
-    return {cmd: facts.compilers.get(Path(cmd).name) for cmd in chosen}
+    used = {cmd: facts.compilers.get(Path(cmd).name) for cmd in chosen} if chosen else dict(facts.compilers)
+    if env.get("USE_CUDA") == "1":  # the device code comes from nvcc, whatever CC/CXX are
+        used["nvcc"] = facts.tools.get("nvcc")
+    return used
+
+
+def target_archs(cfg: Config) -> tuple[str, ...]:
+    """The GPU archs the build compiles for: ``build.cuda_arch`` for CUDA, else ``build.arch``."""
+    return cfg.build.cuda_arch if cfg.build.backend == "cuda" else cfg.build.arch
 
 
 def rocm_version(facts) -> str | None:
