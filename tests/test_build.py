@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,16 +36,18 @@ def _make_repos(dest: Path) -> dict[str, str]:
     return module.make_repos(dest)
 
 
-def write_config(root: Path, *, arch: str = "gfx90a", patched: bool = True) -> Path:
-    """A copy of examples/fixtures.toml whose repos, caches and outputs all live under ``root``."""
+def write_config(
+    root: Path, *, arch: str = "gfx90a", patched: bool = True, example: str = "fixtures.toml"
+) -> Path:
+    """A copy of ``examples/<example>`` whose repos, caches and outputs all live under ``root``."""
     repos = root / "repos"
     if not repos.is_dir():
         _make_repos(repos)
     shutil.copytree(EXAMPLES / "patches", root / "patches", dirs_exist_ok=True)
-    text = (EXAMPLES / "fixtures.toml").read_text()
+    text = (EXAMPLES / example).read_text()
     text = text.replace("file:///tmp/rocmforge-fixtures/", repos.as_uri() + "/")
     text = text.replace('arch = ["gfx90a"]', f'arch = ["{arch}"]')
-    text = text.replace("../build/examples", "out")
+    text = re.sub(r"\.\./build/examples[\w-]*", "out", text)
     text = text.replace(
         'third_party = "out/third_party"', 'third_party = "out/third_party"\ncache_dir = "cache"'
     )
@@ -445,10 +448,12 @@ def test_local_label_is_added_and_record_rewritten(built):
         _record_is_honest(entry.path)
 
 
-def test_example_config_pins_the_commits_make_repos_creates(tmp_path):
-    """Editing a fixture changes its commit: examples/fixtures.toml must follow, or the README path breaks."""
+@pytest.mark.parametrize("example", ["fixtures.toml", "cuda.toml"])
+def test_example_config_pins_the_commits_make_repos_creates(tmp_path, example):
+    """Editing a fixture changes its commit: the example configs must follow, or the README path breaks."""
     from rocmforge.config import load_config
 
-    cfg = load_config(EXAMPLES / "fixtures.toml", environ={})
+    cfg = load_config(EXAMPLES / example, environ={})
     commits = _make_repos(tmp_path)
-    assert {name: cfg.package(name).source.commit for name in commits} == commits
+    pinned = {name: package.source.commit for name, package in cfg.packages.items()}
+    assert pinned == {name: commits[name] for name in pinned}
