@@ -590,8 +590,13 @@ def load_config(path: Path | str | None = None, *, environ: Mapping[str, str] | 
         raise UserError(
             f"{p}: config file not found; run from the rocmforge checkout or set ROCMFORGE_CONFIG"
         ) from None
+    except OSError as exc:  # a directory, no permission: still the user's path, not a bug
+        raise UserError(
+            f"{p}: cannot read the config file ({exc.strerror or exc}); point ROCMFORGE_CONFIG at a TOML file"
+        ) from None
     try:
-        data = tomllib.loads(raw.decode())
+        # utf-8-sig: editors on Windows save a byte-order mark, which TOML parsers refuse.
+        data = tomllib.loads(raw.decode("utf-8-sig"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: not valid TOML: {exc}") from None
     return parse_config(data, path=p.resolve(), environ=environ)

@@ -110,3 +110,16 @@ def test_other_bad_inputs_name_the_key(tmp_path):
         config({"MAX_JOBS": "many"})
     with pytest.raises(UserError, match="config file not found"):
         load_config(tmp_path / "missing.toml", environ={})
+
+
+def test_config_path_that_is_a_directory_or_has_a_bom(tmp_path):
+    # A directory given as ROCMFORGE_CONFIG was an IsADirectoryError traceback.
+    line = one_line(cli(sys.executable, "-m", "rocmforge", "doctor", ROCMFORGE_CONFIG=str(tmp_path)))
+    assert line == (
+        f"rocmforge doctor: error: {tmp_path}: cannot read the config file (Is a directory); "
+        "point ROCMFORGE_CONFIG at a TOML file"
+    )
+    # A byte-order mark (Windows editors) made valid TOML "not valid TOML" at line 1, column 1.
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load_config(path, environ={}).build.arch == ("gfx90a", "gfx942", "gfx950")
