@@ -15,6 +15,7 @@ override is recorded in ``Config.overrides`` so sessions can say so:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -375,8 +376,9 @@ def _package(name: str, t: _Table, root: Path) -> Package:
         if not isinstance(v, str):
             raise UserError(f"{t.key('env')}.{k}: expected a string, got {_type(v)}")
     gb = t.get("gb_per_job", (int, float), 2.0)
-    if gb <= 0:
-        raise UserError(f"{t.key('gb_per_job')}: must be positive (GB of RAM one compile job needs)")
+    # TOML has nan and inf; neither divides memory into a job count (nan was a traceback).
+    if not math.isfinite(gb) or gb <= 0:
+        raise UserError(f"{t.key('gb_per_job')}: must be a positive number (GB of RAM one compile job needs)")
     pkg = Package(
         name=name,
         recipe=recipe,

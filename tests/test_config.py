@@ -123,3 +123,16 @@ def test_config_path_that_is_a_directory_or_has_a_bom(tmp_path):
     path = tmp_path / "bom.toml"
     path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
     assert load_config(path, environ={}).build.arch == ("gfx90a", "gfx942", "gfx950")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1.5"])
+def test_gb_per_job_must_be_a_finite_positive_number(tmp_path, value):
+    # nan was a ValueError traceback from the job count; inf silently gave MAX_JOBS=1.
+    text = GOOD.replace("gb_per_job = 4.0", f"gb_per_job = {value}")
+    line = one_line(
+        cli(sys.executable, "-m", "rocmforge", "env", "pytorch", config_text=text, tmp_path=tmp_path)
+    )
+    assert line == (
+        "rocmforge env: error: packages.pytorch.gb_per_job: must be a positive number "
+        "(GB of RAM one compile job needs)"
+    )
