@@ -473,7 +473,8 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     if "MAX_JOBS" in environ:
         notes.append(f"MAX_JOBS={environ['MAX_JOBS']!r} overrides {t.key('jobs')}")
         jobs = environ["MAX_JOBS"]
-        if not str(jobs).isdigit() or int(jobs) < 1:
+        # Not str.isdigit: it accepts '²', which int() then refuses with a traceback.
+        if not re.fullmatch(r"[0-9]+", jobs) or int(jobs) < 1:
             raise UserError(f"MAX_JOBS: {jobs!r} is not a positive integer; unset it or use e.g. MAX_JOBS=8")
         jobs = int(jobs)
     if jobs == "auto":

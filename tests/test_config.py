@@ -136,3 +136,10 @@ def test_gb_per_job_must_be_a_finite_positive_number(tmp_path, value):
         "rocmforge env: error: packages.pytorch.gb_per_job: must be a positive number "
         "(GB of RAM one compile job needs)"
     )
+
+
+@pytest.mark.parametrize("value", ["²", "0", " 8", "８"])
+def test_max_jobs_takes_ascii_digits_only(value):
+    # '²' passed str.isdigit() and crashed int(); '８' (fullwidth) is not what make -j reads either.
+    with pytest.raises(UserError, match=r"^MAX_JOBS: .* is not a positive integer"):
+        config({"MAX_JOBS": value})
