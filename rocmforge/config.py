@@ -49,11 +49,12 @@ _NATIVE_CACHE_VARS = (
     ("ccache", "redis", "CCACHE_REMOTE_STORAGE", "url"),
 )
 _REDIS_URL_RE = re.compile(r"^(redis|rediss|redis\+unix|unix)://")
-_SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?[KMGT]?$")
+# Used with fullmatch: "$" alone also matches before a trailing newline ("<sha>\n" passed).
+_SIZE_RE = re.compile(r"[0-9]+(\.[0-9]+)?[KMGT]?")
 DEFAULT_CONFIG = "build_config.toml"
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_OPT_RE = re.compile(r"^O[0-3sz]$")
+_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_OPT_RE = re.compile(r"O[0-3sz]")
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,7 @@ def _source(t: _Table, root: Path) -> Source:
     for name in needed:
         if getattr(src, name) in (None, ""):
             raise UserError(f"{t.key(name)}: required for a {kind} source")
-    if src.sha256 is not None and not _SHA256_RE.match(src.sha256):
+    if src.sha256 is not None and not _SHA256_RE.fullmatch(src.sha256):
         raise UserError(f"{t.key('sha256')}: {src.sha256!r} is not 64 lowercase hex digits")
     if src.commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", src.commit):
         raise UserError(f"{t.key('commit')}: {src.commit!r} is not a hex commit id (7-40 digits)")
@@ -325,7 +326,7 @@ def _patch(t: _Table) -> Patch:
         workdir=t.get("workdir", str),
     )
     t.done()
-    if not _SHA256_RE.match(p.sha256):
+    if not _SHA256_RE.fullmatch(p.sha256):
         raise UserError(f"{t.key('sha256')}: {p.sha256!r} is not 64 lowercase hex digits")
     if p.versions is not None:
         _check_specifier(p.versions, t.key("versions"))
@@ -355,7 +356,7 @@ def _requirement(t: _Table) -> Requirement:
 
 
 def _package(name: str, t: _Table, root: Path) -> Package:
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise UserError(f"{t.path}: package names are letters, digits and _ (it becomes a nox session)")
     recipe = t.choice("recipe", RECIPES, "generic")
     src_t = t.table("source")
@@ -452,7 +453,7 @@ def _compile_cache(t: _Table, root: Path, environ: Mapping[str, str], notes: lis
         )
     if backend in ("s3", "gcs") and not store.bucket:
         raise UserError(f"{ct.key('bucket')}: required for the {backend} backend")
-    if not _SIZE_RE.match(store.size):
+    if not _SIZE_RE.fullmatch(store.size):
         raise UserError(f'{ct.key("size")}: {store.size!r} is not a size such as "50G" or "500M"')
     return tool, store
 
@@ -482,7 +483,7 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     elif not isinstance(jobs, int) or jobs < 1:
         raise UserError(f'{t.key("jobs")}: {jobs!r} must be a positive integer or "auto"')
     opt = t.get("opt_level", str, "O3")
-    if not _OPT_RE.match(opt):
+    if not _OPT_RE.fullmatch(opt):
         raise UserError(f"{t.key('opt_level')}: {opt!r} must be one of O0, O1, O2, O3, Os, Oz")
     cache_default = environ.get("ROCMFORGE_CACHE") or os.path.join(
         environ.get("XDG_CACHE_HOME") or "~/.cache", "rocmforge"

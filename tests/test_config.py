@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,21 @@ def test_max_jobs_takes_ascii_digits_only(value):
     # '²' passed str.isdigit() and crashed int(); '８' (fullwidth) is not what make -j reads either.
     with pytest.raises(UserError, match=r"^MAX_JOBS: .* is not a positive integer"):
         config({"MAX_JOBS": value})
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('sha256 = "f4c33c', 'sha256 = "\\nf4c33c', "packages.vllm.source.sha256: "),
+        ('74112"', '74112\\n"', "packages.vllm.source.sha256: "),
+        ('b77"', 'b77\\n"', "packages.vllm.patches[0].sha256: "),
+        ('opt_level = "O3"', 'opt_level = "O3\\n"', "build.opt_level: "),
+        ("[packages.triton]", '[packages."triton\\n"]', "packages.triton\n: package names"),
+    ],
+)
+def test_trailing_newline_is_not_a_valid_value(tmp_path, old, new, message):
+    # The patterns ended in "$", which also matches before a final newline: "<sha256>\n" passed.
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace(old, new, 1))
+    with pytest.raises(UserError, match="^" + re.escape(message)):
+        load_config(path, environ={})
