@@ -344,6 +344,15 @@ def _check_specifier(spec: str, key: str) -> None:
         ) from None
 
 
+def _check_version(text: str, key: str, *, example: str) -> None:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(text)
+    except InvalidVersion:
+        raise UserError(f"{key}: {text!r} is not a version such as {example!r}") from None
+
+
 def _requirement(t: _Table) -> Requirement:
     r = Requirement(
         tool=t.get("tool", str, required=True),
@@ -533,6 +542,8 @@ def parse_config(data: Mapping[str, Any], *, path: Path, environ: Mapping[str, s
     if tool_t:
         rocm_version = tool_t.get("rocm_version", str)
         tool_t.done()
+        if rocm_version is not None:  # the doctor compares it as a version (was a traceback there)
+            _check_version(rocm_version, tool_t.key("rocm_version"), example="7.2")
     build_t = top.table("build") or _Table({}, "build")
     build = _build(build_t, root, environ, notes)
     pk_t = top.table("packages")

@@ -162,3 +162,10 @@ def test_trailing_newline_is_not_a_valid_value(tmp_path, old, new, message):
     path.write_text(GOOD.replace(old, new, 1))
     with pytest.raises(UserError, match="^" + re.escape(message)):
         load_config(path, environ={})
+
+
+def test_rocm_version_must_be_a_version(tmp_path):
+    # The doctor built a specifier ">=seven" from it and died with InvalidSpecifier.
+    text = GOOD.replace('rocm_version = "7.2"', 'rocm_version = "seven"')
+    line = one_line(cli(sys.executable, "-m", "rocmforge", "doctor", config_text=text, tmp_path=tmp_path))
+    assert line == "rocmforge doctor: error: toolchain.rocm_version: 'seven' is not a version such as '7.2'"
