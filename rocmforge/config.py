@@ -55,6 +55,7 @@ DEFAULT_CONFIG = "build_config.toml"
 _NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _OPT_RE = re.compile(r"O[0-3sz]")
+_LOCAL_VERSION_RE = re.compile(r"[A-Za-z0-9]+(?:[-_.][A-Za-z0-9]+)*")  # PEP 440 local version label
 
 
 @dataclass(frozen=True)
@@ -389,6 +390,13 @@ def _package(name: str, t: _Table, root: Path) -> Package:
     # TOML has nan and inf; neither divides memory into a job count (nan was a traceback).
     if not math.isfinite(gb) or gb <= 0:
         raise UserError(f"{t.key('gb_per_job')}: must be a positive number (GB of RAM one compile job needs)")
+    local_version = t.get("local_version", str)
+    # Checked here: a bad label otherwise fails only after the build, naming the wheel file.
+    if local_version is not None and not _LOCAL_VERSION_RE.fullmatch(local_version):
+        raise UserError(
+            f"{t.key('local_version')}: {local_version!r} is not a PEP 440 local version label; "
+            "use letters, digits and '.', e.g. 'rocm7.2'"
+        )
     pkg = Package(
         name=name,
         recipe=recipe,
@@ -400,7 +408,7 @@ def _package(name: str, t: _Table, root: Path) -> Package:
         requires=tuple(_requirement(r) for r in t.tables("requires")),
         env=MappingProxyType(dict(env)),
         gb_per_job=float(gb),
-        local_version=t.get("local_version", str),
+        local_version=local_version,
         pin_from=t.get("pin_from", str),
         override_pin=t.get("override_pin", bool, False),
         options=MappingProxyType(dict(t.get("options", dict, {}))),

@@ -169,3 +169,12 @@ def test_rocm_version_must_be_a_version(tmp_path):
     text = GOOD.replace('rocm_version = "7.2"', 'rocm_version = "seven"')
     line = one_line(cli(sys.executable, "-m", "rocmforge", "doctor", config_text=text, tmp_path=tmp_path))
     assert line == "rocmforge doctor: error: toolchain.rocm_version: 'seven' is not a version such as '7.2'"
+
+
+@pytest.mark.parametrize("label", ["rocm 7.2", "rocm7.2!", "", "+rocm7.2"])
+def test_local_version_must_be_a_pep440_label(tmp_path, label):
+    # It was taken as is and the build died afterwards with InvalidWheelFilename (a traceback).
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace('local_version = "rocm7.2"', f'local_version = "{label}"'))
+    with pytest.raises(UserError, match=r"^packages\.pytorch\.local_version: .* is not a PEP 440 local"):
+        load_config(path, environ={})
