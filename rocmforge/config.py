@@ -354,6 +354,17 @@ def _check_version(text: str, key: str, *, example: str) -> None:
         raise UserError(f"{key}: {text!r} is not a version such as {example!r}") from None
 
 
+def _check_requirement(text: str, key: str) -> None:
+    """``text`` must be a PEP 508 requirement: pip gets it as is, and would fail only mid-session."""
+    from packaging.requirements import InvalidRequirement
+    from packaging.requirements import Requirement as Pep508
+
+    try:
+        Pep508(text)
+    except InvalidRequirement:
+        raise UserError(f"{key}: {text!r} is not a requirement such as 'torch==2.13.0+rocm7.2'") from None
+
+
 def _requirement(t: _Table) -> Requirement:
     r = Requirement(
         tool=t.get("tool", str, required=True),
@@ -378,6 +389,7 @@ def _package(name: str, t: _Table, root: Path) -> Package:
             requirement=pre_t.get("requirement", str, required=True), index=pre_t.get("index", str)
         )
         pre_t.done()
+        _check_requirement(prebuilt.requirement, pre_t.key("requirement"))
     if source is None and prebuilt is None:
         raise UserError(f"{t.path}: needs a [source] table (or [prebuilt] to take a ready wheel)")
     if source is not None and prebuilt is not None:

@@ -178,3 +178,12 @@ def test_local_version_must_be_a_pep440_label(tmp_path, label):
     path.write_text(GOOD.replace('local_version = "rocm7.2"', f'local_version = "{label}"'))
     with pytest.raises(UserError, match=r"^packages\.pytorch\.local_version: .* is not a PEP 440 local"):
         load_config(path, environ={})
+
+
+def test_prebuilt_requirement_must_parse(tmp_path):
+    # It went to pip unchecked, so the mistake surfaced only when the session ran.
+    source = GOOD[GOOD.index("[packages.vllm.source]") : GOOD.index("# Our patches")]
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace(source, '[packages.vllm.prebuilt]\nrequirement = "vllm >>> 0.33"\n\n'))
+    with pytest.raises(UserError, match=r"^packages\.vllm\.prebuilt\.requirement: 'vllm >>> 0.33' is not a"):
+        load_config(path, environ={})
