@@ -396,6 +396,9 @@ def _package(name: str, t: _Table, root: Path) -> Package:
         raise UserError(f"{t.path}: has both [source] and [prebuilt]; keep one")
     env = t.get("env", dict, {})
     for k, v in env.items():
+        # `env --shell` prints `export K=V`: a name like "A B" would be a broken shell line.
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise UserError(f"{t.key('env')}.{k}: not an environment variable name (letters, digits, _)")
         if not isinstance(v, str):
             raise UserError(f"{t.key('env')}.{k}: expected a string, got {_type(v)}")
     gb = t.get("gb_per_job", (int, float), 2.0)

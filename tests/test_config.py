@@ -187,3 +187,14 @@ def test_prebuilt_requirement_must_parse(tmp_path):
     path.write_text(GOOD.replace(source, '[packages.vllm.prebuilt]\nrequirement = "vllm >>> 0.33"\n\n'))
     with pytest.raises(UserError, match=r"^packages\.vllm\.prebuilt\.requirement: 'vllm >>> 0.33' is not a"):
         load_config(path, environ={})
+
+
+def test_env_keys_must_be_variable_names(tmp_path):
+    # "A B" was accepted and `env --shell` printed `export A B=z`.
+    text = GOOD.replace("gb_per_job = 3.0", 'gb_per_job = 3.0\nenv = {"A B" = "z"}')
+    line = one_line(
+        cli(sys.executable, "-m", "rocmforge", "env", "vllm", "--shell", config_text=text, tmp_path=tmp_path)
+    )
+    assert line == (
+        "rocmforge env: error: packages.vllm.env.A B: not an environment variable name (letters, digits, _)"
+    )
