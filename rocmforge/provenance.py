@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -25,7 +26,10 @@ def read(target: str) -> dict:
         path = Path(target)
         if not path.is_file():
             raise UserError(f"{target}: no such wheel; list the wheelhouse with `ls wheelhouse`")
-        data = read_member(path, FILENAME)
+        try:
+            data = read_member(path, FILENAME)
+        except (zipfile.BadZipFile, ValueError, OSError) as exc:  # truncated download, not a wheel
+            raise UserError(f"{target}: not a readable wheel ({exc}); download or build it again") from None
     else:
         try:
             text = metadata.distribution(target).read_text(FILENAME)
@@ -34,7 +38,12 @@ def read(target: str) -> dict:
         data = text.encode() if text is not None else None
     if data is None:
         raise UserError(f"{target}: has no {FILENAME}; it was not built by rocmforge")
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError: a damaged record
+        raise UserError(
+            f"{target}: its {FILENAME} is not valid JSON; the wheel is damaged, rebuild it"
+        ) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
