@@ -229,3 +229,17 @@ def test_gpu_part_skips_without_a_device(tmp_path):
     assert checks and checks[0].name == "gpu: device visible"
     assert checks[0].status in {"skip", "fail"}
     assert "torch" in checks[0].detail
+
+
+def test_probe_imports_the_standard_librarys_inspect_not_ours():
+    """Started by path, the probe must not take rocmforge/inspect.py for `import inspect`.
+
+    Python 3.12's importlib.metadata (and torch) import inspect; with rocmforge/ leading
+    sys.path that was rocmforge's module, and `nox -s verify` died in a fresh 3.12 venv.
+    """
+    res = subprocess.run(
+        [sys.executable, "-v", str(verify.PROBE), "import", "inspect"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    loaded = [line for line in res.stderr.splitlines() if "inspect" in line and "rocmforge" in line]
+    assert loaded == []
