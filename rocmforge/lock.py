@@ -52,11 +52,22 @@ def read_lock(cfg: Config) -> dict | None:
     """The parsed lock file, or None when there is none."""
     path = lock_path(cfg)
     try:
-        return tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not valid TOML ({exc}); run `nox -s lock` to write it again") from None
+    except OSError as exc:  # a directory in its place, no permission
+        raise UserError(
+            f"{path}: cannot read the lock ({exc.strerror or exc}); remove it and run `nox -s lock`"
+        ) from None
+    # Callers index packages.<name>.<key>: a hand-edited shape must not become an AttributeError.
+    packages = data.get("packages", {})
+    if not isinstance(packages, dict) or not all(isinstance(e, dict) for e in packages.values()):
+        raise UserError(
+            f"{path}: [packages] is not a table of package tables; run `nox -s lock` to write it again"
+        )
+    return data
 
 
 def locked_entry(cfg: Config, name: str) -> dict | None:
@@ -109,8 +120,10 @@ def _differences(a: Mapping, b: Mapping, prefix: str):
         if key == "url":
             continue  # where it came from is informational (an sdist has no URL offline); hashes decide
         x, y = a.get(key), b.get(key)
-        if isinstance(x, Mapping) and isinstance(y, Mapping):
-            yield from _differences(x, y, f"{prefix}.{key}" if prefix else key)
+        # A table on one side only (an empty lock, a new package) is compared key by key, so
+        # the message names one value instead of printing the whole table.
+        if all(isinstance(v, Mapping) for v in (x, y) if v is not None):
+            yield from _differences(x or {}, y or {}, f"{prefix}.{key}" if prefix else key)
         elif x != y:
             yield (f"{prefix}.{key}" if prefix else key), x, y
 
@@ -192,6 +205,8 @@ def write_lock(cfg: Config, *, offline: bool = False, locked: bool | None = None
     """Write ``rocmforge.lock.toml`` (atomically); in locked mode refuse any difference instead."""
     locked = locked_mode() if locked is None else locked
     path = lock_path(cfg)
+    if path.exists() and not path.is_file():  # found before the checkouts, not at the final rename
+        raise UserError(f"{path} is not a file; remove it and run `nox -s lock` again")
     # The guard lives with the checkouts (git-ignored), not next to the committed lock file.
     with file_lock(cfg.build.third_party / f".{LOCK_FILE}.lock", what="writing the lock"):
         data = build_lock(cfg, offline=offline)

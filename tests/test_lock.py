@@ -164,3 +164,31 @@ def test_export_builds_with_no_network(tmp_path, up, daemon, http, monkeypatch):
     assert (elsewhere / "third_party/app/README").read_text() == "app 2 patched\n"
     assert (elsewhere / "third_party/app/ext/lib/deps/leaf/leaf.txt").read_text() == "leaf 2\n"
     assert git("rev-parse", "HEAD", cwd=elsewhere / "third_party/app/ext/lib") == up.shas["lib"]
+
+
+def test_damaged_lock_files_are_one_line(tmp_path, up, daemon):
+    cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "v2"))
+    path = lock.lock_path(cfg)
+    # An empty lock printed the whole current [packages] table as "the difference".
+    path.write_text("")
+    with pytest.raises(UserError) as err:
+        lock.write_lock(cfg, locked=True)
+    assert str(err.value).startswith(
+        f"ROCMFORGE_LOCKED: packages.app.commit is {up.shas['c2']!r} but rocmforge.lock.toml has None;"
+    )
+    # Binary bytes and a wrong shape were UnicodeDecodeError / AttributeError tracebacks.
+    path.write_bytes(b"\x00\xff")
+    with pytest.raises(UserError, match=r"not valid TOML .*; run `nox -s lock` to write it again$"):
+        lock.read_lock(cfg)
+    path.write_text("packages = 3\n")
+    with pytest.raises(UserError, match=r"\[packages\] is not a table of package tables"):
+        lock.read_lock(cfg)
+    lock.write_lock(cfg)  # the fix the messages name: write it again
+    assert lock.read_lock(cfg)["packages"]["app"]["commit"] == up.shas["c2"]
+    # A directory in its place failed at the final rename, after every checkout.
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(UserError, match=r"cannot read the lock \(Is a directory\); remove it"):
+        lock.read_lock(cfg)
+    with pytest.raises(UserError, match=r"is not a file; remove it and run `nox -s lock` again$"):
+        lock.write_lock(cfg)
