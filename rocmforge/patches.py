@@ -22,6 +22,7 @@ edits. A patch that upstream already contains (it applies in reverse) is skipped
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import tempfile
 from dataclasses import dataclass
@@ -256,7 +257,9 @@ def new_patch(
 
 
 def _toml_string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # JSON's escapes (\n, \t, \", \\, \uXXXX) are all valid in a TOML basic string; a bare newline
+    # or control character is not, and a --reason of two lines made the printed entry unloadable.
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

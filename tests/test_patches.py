@@ -246,3 +246,22 @@ def test_our_vllm_patch_applies_to_the_real_sdist(tmp_path):
     comma = configure("gfx90a,gfx942")
     assert comma.returncode != 0
     assert 'e.g. PYTORCH_ROCM_ARCH="gfx90a;gfx942"' in " ".join(comma.stderr.split())
+
+
+def test_patch_entry_with_a_multiline_reason_loads(tmp_path, up):
+    # The reason was quoted without escaping newlines, so pasting the printed entry broke the config.
+    cfg = _config(tmp_path, up.file_url("app"), "main", up.shas["c4"], [])
+    co = sources.prepare(cfg, "app")
+    (co.path / "README").write_text("my fix\n")
+    reason = 'two lines:\nsee "ticket 7"\tC:\\path ü \x7f'
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmforge", "patch", "app", "fix", "--reason", reason, "--upstream", "u\nrl"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ROCMFORGE_CONFIG": str(cfg.path), "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    cfg.path.write_text(cfg.path.read_text() + proc.stdout)
+    patch = load_config(cfg.path, environ={}).package("app").patches[0]
+    assert (patch.reason, patch.upstream) == (reason, "u\nrl")
