@@ -39,7 +39,7 @@ from pathlib import Path
 
 import zstandard
 
-from rocmforge.arch import GENERIC_TARGETS, TargetID, parse_target_id
+from rocmforge.arch import GENERIC_TARGETS, TargetID, parse_target_id, validate_arch
 from rocmforge.errors import UserError
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
@@ -230,10 +230,9 @@ def parse_required(text: str, *, key: str = "--require") -> tuple[str, ...]:
                 raise UserError(f"{key}: {item!r} is not a CUDA device arch; write it as sm_90")
             out.append(item)
             continue
-        try:
-            out.append(str(parse_target_id(item.lower())))
-        except ValueError as exc:
-            raise UserError(f"{key}: {exc}; use names such as gfx90a,gfx942 or sm_90") from None
+        # validate_arch, not just the shape: an unknown name (gfx9420) can never be covered, so
+        # it was reported as "missing" everywhere (exit 1) instead of as the typo it is (exit 2).
+        out.append(validate_arch(item, key=key))
     if not out:
         raise UserError(f"{key}: no arch given; use names such as gfx90a,gfx942")
     return tuple(out)
@@ -567,6 +566,10 @@ def _report_file(path: Path, *, explicit: bool) -> Iterator[FileReport]:
             if head.startswith(ZIP_MAGIC):
                 yield from _report_zip(path)
                 return
+            if path.suffix == ".whl":  # was scanned as a blob: "no GPU code", exit 0, for a broken wheel
+                raise UserError(
+                    f"cannot read {path} as a wheel/zip: no zip header; download or build it again"
+                )
             known = head.startswith((ELF_MAGIC, AR_MAGIC, BUNDLE_MAGIC, CCOB_MAGIC))
             if not known and not explicit:
                 return
@@ -644,7 +647,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Print what each object holds; exit 1 when a required arch is missing from a bundle."""
-    required = parse_required(args.require) if args.require else ()
+    # `is not None`: an empty --require "" is a mistake to report, not "nothing required".
+    required = parse_required(args.require) if args.require is not None else ()
     report = inspect_paths(args.paths, required)
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=2)

@@ -214,6 +214,29 @@ def test_objects_without_gpu_code_are_listed_and_bad_input_exits_2(tmp_path):
         inspect.parse_required("gfx942,sm9")
 
 
+def test_unknown_required_arch_empty_require_and_non_zip_wheel_exit_2(tmp_path):
+    so = tmp_path / "blob.so"
+    so.write_bytes(b"\0" * 100)
+    # An unknown arch was reported "missing" from every bundle (exit 1); "" meant "nothing required".
+    res = run_cli(str(so), "--require", "gfx90a,gfx9420")
+    assert res.returncode == 2
+    assert res.stderr.strip() == (
+        "rocmforge inspect: error: --require: unknown GPU arch 'gfx9420'; "
+        "did you mean gfx942 or gfx940 or gfx950?"
+    )
+    res = run_cli(str(so), "--require", "")
+    assert res.returncode == 2 and "--require: no arch given" in res.stderr
+    # A .whl without a zip header was scanned as a blob: "no GPU code", exit 0.
+    fake = tmp_path / "torch-2.13.0-cp312-cp312-linux_x86_64.whl"
+    fake.write_bytes(b"<html>404 Not Found</html>")
+    res = run_cli(str(fake))
+    assert res.returncode == 2
+    assert res.stderr.strip() == (
+        f"rocmforge inspect: error: cannot read {fake} as a wheel/zip: no zip header; "
+        "download or build it again"
+    )
+
+
 def test_cuda_fatbin_lists_sass_and_ptx(tmp_path):
     nvcc = need("nvcc")
     src = tmp_path / "k.cu"
