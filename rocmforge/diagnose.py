@@ -1111,14 +1111,19 @@ def _category_hits(reading: _Reading, category: str) -> list[_Hit]:
 
 def _unknown(reading: _Reading) -> Diagnosis:
     at = reading.first_error or reading.first_follow_up
-    evidence = (Evidence(at[0], at[1].strip()[:300]),) if at else ()
-    where = f"line {at[0]}" if at else "the log"
+    if at is None:  # an empty, binary or successful log: there is no "first error" to point at
+        return Diagnosis(
+            "unknown",
+            "no known build or run failure recognised and no error line in the log; "
+            "give the full log of the step that failed",
+            (),
+        )
     hint = (
-        f"no known build or run failure recognised; the first error is at {where}. "
+        f"no known build or run failure recognised; the first error is at line {at[0]}. "
         "Read the lines just above it; if it is a ROCm failure worth recognising, add the "
         "excerpt to tests/data/diagnose/."
     )
-    return Diagnosis("unknown", hint, evidence)
+    return Diagnosis("unknown", hint, (Evidence(at[0], at[1].strip()[:300]),))
 
 
 def diagnose_text(text: str) -> Diagnosis:
@@ -1135,6 +1140,8 @@ def diagnose_file(path: str | os.PathLike[str]) -> Diagnosis:
         raise UserError(f"{path}: no such log file") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory; give the log file (builds keep theirs in logs/)") from None
+    except OSError as exc:  # no permission, a device that cannot be read
+        raise UserError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
 
 
 # --- hints ----------------------------------------------------------------------------------

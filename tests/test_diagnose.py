@@ -394,3 +394,26 @@ def test_cli_json_and_exit_codes(tmp_path):
     proc = _cli(str(tmp_path / "missing.log"))
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"rocmforge diagnose: error: {tmp_path / 'missing.log'}: no such log file"
+
+
+def test_empty_or_binary_log_and_unreadable_file(tmp_path):
+    # With no error line the hint read "the first error is at the log."
+    for data in (b"", b"\x00\xff\xfe binary \x00"):
+        log = tmp_path / "x.log"
+        log.write_bytes(data)
+        proc = _cli(str(log), "--json")
+        assert proc.returncode == 1
+        assert json.loads(proc.stdout) == {
+            "category": "unknown",
+            "hint": "no known build or run failure recognised and no error line in the log; "
+            "give the full log of the step that failed",
+            "evidence": [],
+        }
+    # Any other read error (EIO here) was an OSError traceback.
+    if Path("/proc/self/mem").exists():
+        proc = _cli("/proc/self/mem")
+        assert proc.returncode == 2
+        assert (
+            proc.stderr.strip()
+            == "rocmforge diagnose: error: /proc/self/mem: cannot read the log (Input/output error)"
+        )
