@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocmforge.arch import arch_from_gfx_target_version, arch_from_product, parse_target_id
+from rocmforge.arch import KNOWN_PROCESSORS, arch_from_gfx_target_version, arch_from_product, parse_target_id
 from rocmforge.errors import UserError
 
 KFD_TOPOLOGY = "sys/class/kfd/kfd/topology/nodes"
@@ -437,8 +437,15 @@ def main(args: argparse.Namespace) -> int:
     else:
         for g in gpus:
             print(f"{g.arch:<9} {g.target_id or '-':<26} {g.name or '-'}  ({g.source})")
-        if gpus:
-            print(f"PYTORCH_ROCM_ARCH={';'.join(result_json(gpus)['archs'])}")
+        # Only names the config accepts: the text may hold a typo or a GPU newer than our table.
+        usable = [a for a in result_json(gpus)["archs"] if a in KNOWN_PROCESSORS]
+        if usable:
+            print(f"PYTORCH_ROCM_ARCH={';'.join(usable)}")
+    for arch in sorted({g.arch for g in gpus} - set(KNOWN_PROCESSORS)):
+        notes.append(
+            f"{arch} is not a GPU arch rocmforge knows (a typo in the text, or a GPU newer than "
+            "rocmforge/arch.py); left out of PYTORCH_ROCM_ARCH"
+        )
     for note in notes:
         print(f"rocmforge arch: {note}", file=sys.stderr)
     if not gpus:

@@ -160,3 +160,15 @@ def test_user_given_arch_names_are_validated():
     with pytest.raises(UserError, match="did you mean gfx942"):
         parse_arch_list("gfx9420", key="PYTORCH_ROCM_ARCH")
     assert parse_arch_list("gfx90a;gfx942:sramecc+:xnack-", key="k") == ("gfx90a", "gfx942:sramecc+:xnack-")
+
+
+def test_unknown_arch_in_saved_text_is_flagged_not_recommended():
+    # "Name: gfx9420" (a typo, or a GPU newer than our table) was printed as PYTORCH_ROCM_ARCH=gfx9420,
+    # a value the config then refuses.
+    proc = run_cli("-", input="  Name:                    gfx9420\n  Name:                    gfx942\n")
+    assert proc.returncode == 0
+    assert proc.stdout.splitlines()[-1] == "PYTORCH_ROCM_ARCH=gfx942"
+    assert (
+        "rocmforge arch: gfx9420 is not a GPU arch rocmforge knows (a typo in the text, or a GPU newer "
+        "than rocmforge/arch.py); left out of PYTORCH_ROCM_ARCH"
+    ) in proc.stderr
