@@ -535,16 +535,27 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
         opt_level=opt,
         compile_cache=compile_cache,
         python=t.get("python", str),
-        work_dir=_path(root, t.get("work_dir", str, "build")),
-        wheelhouse=_path(root, t.get("wheelhouse", str, "wheelhouse")),
-        logs_dir=_path(root, t.get("logs_dir", str, "logs")),
-        third_party=_path(root, t.get("third_party", str, "third_party")),
+        work_dir=_directory(t, root, "work_dir", "build"),
+        wheelhouse=_directory(t, root, "wheelhouse", "wheelhouse"),
+        logs_dir=_directory(t, root, "logs_dir", "logs"),
+        third_party=_directory(t, root, "third_party", "third_party"),
         cache_dir=_path(root, cache_dir),
         cache_store=cache_store,
         retry=_retry(t),
     )
     t.done()
     return b
+
+
+def _directory(t: _Table, root: Path, name: str, default: str) -> Path:
+    """A directory key of ``[build]``; "" would be the config's own directory, where checkouts
+    named like a top-level folder (docs, tests) would replace it."""
+    text = t.get(name, str, default)
+    if not text.strip():
+        raise UserError(
+            f'{t.key(name)}: empty; name a directory such as "{default}" (relative to the config file)'
+        )
+    return _path(root, text)
 
 
 def _retry(t: _Table) -> tuple[str, ...]:

@@ -198,3 +198,10 @@ def test_env_keys_must_be_variable_names(tmp_path):
     assert line == (
         "rocmforge env: error: packages.vllm.env.A B: not an environment variable name (letters, digits, _)"
     )
+
+
+@pytest.mark.parametrize("key", ["work_dir", "wheelhouse", "logs_dir", "third_party"])
+def test_build_directories_must_not_be_empty(key):
+    # "" resolved to the checkout root itself: a package named "docs" would have replaced docs/.
+    with pytest.raises(UserError, match=rf'^build\.{key}: empty; name a directory such as "'):
+        config(**{key: " "})
