@@ -26,12 +26,13 @@ import html
 import json
 import os
 import shutil
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name
 
 from rocmforge.console import console
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256
@@ -75,6 +76,10 @@ class Wheelhouse:
         cache = self._load_hashes()
         result = []
         for path in sorted(self.root.glob("*.whl")):
+            problem = _unusable(path)
+            if problem:  # indexed, pip would fail on it at install time; a bad name was a traceback
+                console.print(f"{path}: {problem}; left out of the index - delete it or rebuild it")
+                continue
             name = wheel_name(path)
             result.append(Entry(name.project, name.version, path, self._sha256(path, cache)))
         return sorted(result, key=lambda e: (e.project, e.path.name))
@@ -94,9 +99,9 @@ class Wheelhouse:
             tmp = self.root / f".{name.filename}.tmp"
             shutil.copyfile(wheel, tmp)
             os.replace(tmp, target)
-            for old in self.root.glob("*.whl"):
-                if old != target and wheel_name(old).project == name.project:
-                    old.unlink()
+            for old in self.entries():
+                if old.path != target and old.project == name.project:
+                    old.path.unlink()
             self._reindex()
         return next(e for e in self.find(name.project) if e.path == target)
 
@@ -159,6 +164,19 @@ class Wheelhouse:
             st = e.path.stat()
             data[fname] = [st.st_size, st.st_mtime_ns, e.sha256]
         atomic_write(self.root / _HASHES, json.dumps(data, indent=1, sort_keys=True))
+
+
+def _unusable(path: Path) -> str | None:
+    """Why ``path`` (named ``*.whl``) cannot be served as a wheel, or None when it can."""
+    if not path.is_file():
+        return "not a file"
+    try:
+        wheel_name(path)
+    except InvalidWheelFilename:
+        return "not a wheel file name (name-version-python-abi-platform.whl)"
+    if not zipfile.is_zipfile(path):
+        return "not a zip archive (a truncated download or copy?)"
+    return None
 
 
 def install_commands(root: str | os.PathLike[str], projects: list[str]) -> list[str]:

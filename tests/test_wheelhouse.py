@@ -195,3 +195,19 @@ def test_a_newer_pypi_release_cannot_replace_our_wheel(tmp_path):
         env=_PYPI_ENV,
     )
     assert _installed_version(python, "six") == "1.16.0+rf"
+
+
+def test_stray_files_named_whl_are_left_out_of_the_index(tmp_path, wheels):
+    # A bad name or a directory was a traceback in `nox -s index`; a truncated wheel was indexed
+    # and pinned in constraints.txt, so installs failed later.
+    house = Wheelhouse(tmp_path / "wh")
+    house.publish(wheels["beta"])
+    data = wheels["alpha-1"].read_bytes()
+    (house.root / wheels["alpha-1"].name).write_bytes(data[: len(data) // 2])
+    (house.root / "notes.whl").write_text("x")
+    (house.root / "gamma-1.0-py3-none-any.whl").mkdir()
+    house.reindex()
+    assert links(house.simple / "index.html") == ["beta/"]
+    assert house.constraints.read_text().splitlines()[1:] == ["beta==0.5"]
+    house.publish(wheels["alpha-2"])  # publishing past the strays still works
+    assert links(house.simple / "index.html") == ["alpha-pkg/", "beta/"]
