@@ -44,11 +44,17 @@ def export(cfg: Config, dest: Path, *, tar: bool = False, pip_args: tuple[str, .
     dest = dest.resolve()
     if dest.exists():
         raise UserError(f"{dest} already exists; choose a new directory for the export")
-    lock.write_lock(cfg)
-    checkouts = [sources.prepare(cfg, n) for n in cfg.build_order() if cfg.package(n).source is not None]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    # The staging directory first: an unwritable DEST was a traceback after the lock and every checkout.
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    except OSError as exc:
+        raise UserError(
+            f"{dest}: cannot create the export there ({exc.strerror or exc}); choose a writable directory"
+        ) from None
+    try:
+        lock.write_lock(cfg)
+        checkouts = [sources.prepare(cfg, n) for n in cfg.build_order() if cfg.package(n).source is not None]
         shutil.copy2(lock.lock_path(cfg), staging / lock.LOCK_FILE)
         shutil.copy2(cfg.path, staging / cfg.path.name)
         requirements: list[str] = []

@@ -192,3 +192,15 @@ def test_damaged_lock_files_are_one_line(tmp_path, up, daemon):
         lock.read_lock(cfg)
     with pytest.raises(UserError, match=r"is not a file; remove it and run `nox -s lock` again$"):
         lock.write_lock(cfg)
+
+
+def test_export_to_an_unwritable_place_is_one_line_before_any_work(tmp_path, up, daemon):
+    cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "v2"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(UserError) as err:
+        bundle.export(cfg, blocker / "stack")
+    assert str(err.value).startswith(f"{blocker / 'stack'}: cannot create the export there (")
+    assert str(err.value).endswith("); choose a writable directory")
+    assert not lock.lock_path(cfg).exists()  # stopped before writing the lock or checking out
+    assert not (tmp_path / "third_party" / "app").exists()
