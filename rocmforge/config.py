@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import urlsplit
 
 from rocmforge.arch import parse_arch_list
 from rocmforge.errors import UserError
@@ -314,6 +315,9 @@ def _source(t: _Table, root: Path) -> Source:
         raise UserError(f"{t.key('sha256')}: {src.sha256!r} is not 64 lowercase hex digits")
     if src.commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", src.commit):
         raise UserError(f"{t.key('commit')}: {src.commit!r} is not a hex commit id (7-40 digits)")
+    # urllib downloads these; anything else was a ValueError traceback at checkout time.
+    if kind == "url" and urlsplit(src.url).scheme not in ("http", "https", "file"):
+        raise UserError(f"{t.key('url')}: {src.url!r} is not an http(s):// or file:// URL of the archive")
     return src
 
 

@@ -205,3 +205,18 @@ def test_build_directories_must_not_be_empty(key):
     # "" resolved to the checkout root itself: a package named "docs" would have replaced docs/.
     with pytest.raises(UserError, match=rf'^build\.{key}: empty; name a directory such as "'):
         config(**{key: " "})
+
+
+def test_url_source_needs_a_url_urllib_can_fetch(tmp_path):
+    # "notaurl" passed and `checkout` died with urllib's ValueError traceback.
+    src = '[packages.extra.source]\nkind = "url"\nurl = "notaurl"\nsha256 = "' + "a" * 64 + '"\n'
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD + "\n[packages.extra]\n" + src)
+    with pytest.raises(
+        UserError, match=r"^packages\.extra\.source\.url: 'notaurl' is not an http\(s\):// or file://"
+    ):
+        load_config(path, environ={})
+    path.write_text(
+        GOOD + "\n[packages.extra]\n" + src.replace("notaurl", "https://example.org/x-1.0.tar.gz")
+    )
+    assert load_config(path, environ={}).package("extra").source.url == "https://example.org/x-1.0.tar.gz"
