@@ -315,6 +315,8 @@ def _source(t: _Table, root: Path) -> Source:
         raise UserError(f"{t.key('sha256')}: {src.sha256!r} is not 64 lowercase hex digits")
     if src.commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", src.commit):
         raise UserError(f"{t.key('commit')}: {src.commit!r} is not a hex commit id (7-40 digits)")
+    if src.subdir is not None:
+        _check_inside(src.subdir, t.key("subdir"))
     # urllib downloads these; anything else was a ValueError traceback at checkout time.
     if kind == "url" and urlsplit(src.url).scheme not in ("http", "https", "file"):
         raise UserError(f"{t.key('url')}: {src.url!r} is not an http(s):// or file:// URL of the archive")
@@ -335,7 +337,16 @@ def _patch(t: _Table) -> Patch:
         raise UserError(f"{t.key('sha256')}: {p.sha256!r} is not 64 lowercase hex digits")
     if p.versions is not None:
         _check_specifier(p.versions, t.key("versions"))
+    if p.workdir is not None:  # patches.py strips the slashes: "/ext/lib" means ext/lib
+        _check_inside(p.workdir.strip("/"), t.key("workdir"))
     return p
+
+
+def _check_inside(text: str, key: str) -> None:
+    """A path inside the source tree: "../x" or "/x" would build or patch outside the checkout."""
+    parts = Path(text).parts
+    if Path(text).is_absolute() or ".." in parts:
+        raise UserError(f"{key}: {text!r} must be a relative path inside the source tree, without '..'")
 
 
 def _check_specifier(spec: str, key: str) -> None:

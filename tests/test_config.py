@@ -220,3 +220,19 @@ def test_url_source_needs_a_url_urllib_can_fetch(tmp_path):
         GOOD + "\n[packages.extra]\n" + src.replace("notaurl", "https://example.org/x-1.0.tar.gz")
     )
     assert load_config(path, environ={}).package("extra").source.url == "https://example.org/x-1.0.tar.gz"
+
+
+@pytest.mark.parametrize("value", ["../..", "/etc", "python/../../x"])
+def test_subdir_and_patch_workdir_stay_inside_the_tree(tmp_path, value):
+    # Accepted before: the build (subdir) or `git apply` (workdir) then ran outside the checkout.
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace("submodules = false", f'submodules = false\nsubdir = "{value}"'))
+    with pytest.raises(
+        UserError, match=r"^packages\.triton\.source\.subdir: .* must be a relative path inside"
+    ):
+        load_config(path, environ={})
+    path.write_text(GOOD.replace('versions = "==0.33.*"', f'versions = "==0.33.*"\nworkdir = "{value}"'))
+    with pytest.raises(
+        UserError, match=r"^packages\.vllm\.patches\[0\]\.workdir: .* must be a relative path"
+    ):
+        load_config(path, environ={})
