@@ -237,7 +237,9 @@ def _rocm(ctx: _Context) -> list[Check]:
         )
     else:
         checks.append(Check("hipcc on PATH", OK, f.first_hipcc))
-    builds_torch = any(p.recipe == "pytorch" for p in ctx.packages)
+    # options.rocm_libraries = false: a torch-like tree linking only the HIP runtime (the
+    # stack rehearsal's minitorch); real PyTorch links them all.
+    builds_torch = any(p.recipe == "pytorch" and p.options.get("rocm_libraries", True) for p in ctx.packages)
     missing = [n for n in KEY_LIBRARIES if not rocm.libraries.get(n)]
     if missing:
         severe = [n for n in missing if n in CORE_LIBRARIES or builds_torch]
