@@ -559,6 +559,12 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
         retry=_retry(t),
     )
     t.done()
+    # A file where a directory goes was a NotADirectoryError traceback from the first mkdir.
+    for name in ("work_dir", "wheelhouse", "logs_dir", "third_party", "cache_dir"):
+        where = getattr(b, name)
+        if where.exists() and not where.is_dir():
+            via = "ROCMFORGE_CACHE" if name == "cache_dir" and environ.get("ROCMFORGE_CACHE") else t.key(name)
+            raise UserError(f"{via}: {where} is a file, not a directory; point it at a directory")
     return b
 
 

@@ -239,3 +239,13 @@ def test_subdir_and_patch_workdir_stay_inside_the_tree(tmp_path, value):
         UserError, match=r"^packages\.vllm\.patches\[0\]\.workdir: .* must be a relative path"
     ):
         load_config(path, environ={})
+
+
+def test_a_file_where_a_build_directory_goes(tmp_path):
+    # `checkout` died with NotADirectoryError from mkdir under ROCMFORGE_CACHE=/etc/passwd.
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    with pytest.raises(UserError, match=rf"^ROCMFORGE_CACHE: {blocker} is a file, not a directory; point it"):
+        config({"ROCMFORGE_CACHE": str(blocker)})
+    with pytest.raises(UserError, match=rf"^build\.wheelhouse: {blocker} is a file, not a directory"):
+        config(wheelhouse=str(blocker))
