@@ -153,6 +153,8 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         "python": _python_version(cfg),
         "requirements": requirements,
         "dependencies": {dep: _sha256_of(house, wheel) for dep, wheel in deps.items()},
+        # The published metadata depends on it: configuring our own Triton drops torch's pin.
+        "dropped": sorted(recipe.dropped_requirements(ctx)),
         "env": own_env,
     }
     fingerprint = _digest(inputs)
@@ -213,6 +215,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
             "sha256": checkout.sha256,
             "version": checkout.version,
             "submodules": dict(checkout.submodules),
+            "pinned_by": _pinned_by(cfg, pkg, checkout.commit),
         },
         "patches": [{"file": f, "sha256": s} for f, s in checkout.patches],
         "retries": retries,
@@ -225,6 +228,18 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     lock.record_build(cfg, checkout, facts)
     _remove(work / "out")
     return Result(name, "built", entry.path, time.monotonic() - start)
+
+
+def _pinned_by(cfg: Config, pkg: Package, commit: str | None) -> str | None:
+    """Where the commit came from when another package's tree pins it (Triton from PyTorch)."""
+    if not pkg.pin_from or commit is None:
+        return None
+    from rocmforge import sources
+
+    derived, _version = sources.derived_pin(cfg, pkg)
+    if commit.startswith(derived):
+        return f"{pkg.pin_from}'s {sources.PYTORCH_TRITON_COMMIT}"
+    return f"packages.{pkg.name}.source.commit (override_pin; {pkg.pin_from} pins {derived})"
 
 
 def _run_steps(name: str, recipe, ctx, project_dir: Path, env: dict[str, str], log: Path):

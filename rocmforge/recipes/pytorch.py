@@ -4,6 +4,8 @@ Options (``[packages.pytorch.options]``):
 - ``build_number`` (int, default 1): ``PYTORCH_BUILD_NUMBER``; above 1 PyTorch appends ``.postN``.
 - ``flash_attention`` (bool): force flash/mem-efficient attention on or off instead of
   deciding from the arch list.
+- ``rocm_libraries`` (bool, default true): false for a torch-like tree that links only the HIP
+  runtime (the stack rehearsal's minitorch); the doctor then stops requiring rocBLAS, MIOpen, RCCL.
 """
 
 from __future__ import annotations
