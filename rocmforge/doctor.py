@@ -206,7 +206,11 @@ def _rocm(ctx: _Context) -> list[Check]:
                 Check(
                     "ROCm version",
                     FAIL,
-                    f"no ROCm {pinned}: found {where}, older than the pinned {pinned}",
+                    # Without a version the tree is no ROCm install at all ("ROCm ? ... older" misled).
+                    f"no ROCm {pinned}: found {where}, older than the pinned {pinned}"
+                    if rocm.version
+                    else f"no ROCm {pinned}: {rocm.root} ({rocm.origin}) has no ROCm version; "
+                    "not a ROCm install",
                     f"no ROCm {pinned} found: install ROCm {pinned} (repo.radeon.com, amdgpu-install) or "
                     f"`pip install rocm[libraries,devel]`, then set ROCM_PATH to it",
                 )

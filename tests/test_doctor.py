@@ -163,3 +163,22 @@ def test_cli_json_and_nox_session_finish_in_seconds():
     assert (nox.returncode == 0) == doc["ok"]
     if not doc["ok"]:
         assert "not ready to build" in nox.stderr + nox.stdout
+
+
+def test_rocm_path_without_a_rocm_version(tmp_path):
+    # It read "found ROCm ? at ..., older than the pinned 7.2": no version is no ROCm, not an old one.
+    empty = tmp_path / "not rocm"
+    empty.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmforge", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "ROCM_PATH": str(empty)},
+    )
+    assert proc.returncode == 1
+    row = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["ROCm version"]
+    assert (row["status"], row["found"]) == (
+        FAIL,
+        f"no ROCm 7.2: {empty} (ROCM_PATH) has no ROCm version; not a ROCm install",
+    )
