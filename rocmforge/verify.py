@@ -124,7 +124,13 @@ class Environment:
 
 def probe_environment(python: str) -> Environment:
     """Ask ``python`` for its installed distributions (one subprocess, nothing imported)."""
-    res = subprocess.run([python, str(PROBE), "dists"], capture_output=True, text=True)
+    try:
+        res = subprocess.run([python, str(PROBE), "dists"], capture_output=True, text=True)
+    except OSError as exc:  # missing, a directory, not executable
+        raise UserError(
+            f"--python {python}: cannot run it ({exc.strerror}); give the environment's interpreter, "
+            "e.g. .venv/bin/python"
+        ) from None
     if res.returncode != 0:
         raise UserError(f"{python} cannot list its packages: {res.stderr.strip()[-300:]}")
     data = json.loads(res.stdout)
@@ -605,6 +611,12 @@ def _archs(args: argparse.Namespace, cfg=None) -> tuple[str, ...]:
 def main(args: argparse.Namespace) -> int:
     """Check an existing environment (``--python``), optionally with the wheels it came from."""
     wheels = sorted(args.wheelhouse.glob("*.whl")) if args.wheelhouse else []
+    if args.wheelhouse and not wheels:
+        # Checking "these wheels" with no wheels would pass vacuously.
+        raise UserError(
+            f"--wheelhouse {args.wheelhouse}: no wheels there; build them first (nox -s pytorch triton vllm) "
+            "or drop --wheelhouse to check the environment alone"
+        )
     checks = run(
         args.python,
         archs=_archs(args),

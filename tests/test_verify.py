@@ -243,3 +243,29 @@ def test_probe_imports_the_standard_librarys_inspect_not_ours():
     assert res.returncode == 0, res.stderr[-2000:]
     loaded = [line for line in res.stderr.splitlines() if "inspect" in line and "rocmforge" in line]
     assert loaded == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--python", "/nonexistent/bin/python", "--no-gpu"],
+            "--python /nonexistent/bin/python: cannot run it",
+        ),
+        (["--python", "/tmp", "--no-gpu"], "--python /tmp: cannot run it"),
+        (["--wheelhouse", "{empty}", "--no-gpu"], "no wheels there"),
+    ],
+)
+def test_bad_environment_or_empty_wheelhouse_is_one_line(tmp_path, args, message):
+    # An empty wheelhouse must not pass vacuously, and a wrong interpreter is no traceback.
+    args = [a.replace("{empty}", str(tmp_path)) for a in args]
+    res = subprocess.run(
+        [sys.executable, "-m", "rocmforge", "verify", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert res.returncode == 2
+    assert res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], res.stderr
