@@ -74,8 +74,9 @@ def rocm_for_build(cfg: Config, facts: HostFacts) -> RocmInstall:
     """The ROCm install a ROCm build uses, or a one-line error saying what to do."""
     rocm_path = facts.environ.get("ROCM_PATH")
     if rocm_path and not os.path.isdir(rocm_path):
+        what = "is not a directory" if os.path.exists(rocm_path) else "does not exist"
         raise UserError(
-            f"ROCM_PATH={rocm_path} does not exist; unset it or point it at a ROCm install "
+            f"ROCM_PATH={rocm_path} {what}; unset it or point it at a ROCm install "
             "(e.g. /opt/rocm-7.2.0)"
         )
     rocm = selected_rocm(facts)

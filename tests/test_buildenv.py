@@ -129,6 +129,10 @@ def test_missing_rocm_and_bad_rocm_path_are_one_line_errors(tmp_path):
     facts = facts_for(tmp_path, extra_env={"ROCM_PATH": str(tmp_path / "missing")})
     with pytest.raises(UserError, match=r"^ROCM_PATH=.*missing does not exist; unset it"):
         build_environment(config(), "pytorch", facts)
+    (tmp_path / "a-file").write_text("")
+    facts = facts_for(tmp_path, extra_env={"ROCM_PATH": str(tmp_path / "a-file")})
+    with pytest.raises(UserError, match=r"^ROCM_PATH=.*a-file is not a directory; unset it"):
+        build_environment(config(), "pytorch", facts)
 
 
 def test_pure_function_does_not_touch_os_environ(tmp_path):
