@@ -352,6 +352,14 @@ def _remote(args: list[str], *, git_dir: Path, what: str):
         proc = git.run(args, git_dir=git_dir, check=False)
         if proc.returncode == 0 or not _TRANSIENT_RE.search(proc.stderr):
             return proc
+        # git says "could not read from remote repository" for a missing local repository
+        # too; waiting will not make a path appear, so only remote servers are retried.
+        url = git.run(["config", "--get", "remote.origin.url"], git_dir=git_dir, check=False).stdout.strip()
+        if url.startswith("file://") or url.startswith("/"):
+            raise UserError(
+                f"{what}: {url} is not a readable git repository ({git.last_line(proc.stderr)}); "
+                "fix the source url in the config"
+            )
         if delay is None:
             raise UserError(
                 f"{what}: network error after {len(RETRY_DELAYS) + 1} attempts: "

@@ -202,6 +202,15 @@ def test_dead_port_and_offline_leave_no_cache_entry(tmp_path, upstream, daemon):
     assert not (tmp_path / "third_party" / "app").exists()
 
 
+def test_missing_local_repository_fails_at_once_without_retries(tmp_path, capfd):
+    url = (tmp_path / "no-such-repo").as_uri()
+    cfg = write_config(tmp_path, git_package("app", url, "v2"))
+    with pytest.raises(UserError, match=f"{url} is not a readable git repository.*fix the source url"):
+        sources.prepare(cfg, "app")
+    assert "retrying" not in capfd.readouterr().err
+    assert not (tmp_path / "third_party" / "app").exists()
+
+
 def test_offline_uses_the_filled_cache(tmp_path, upstream, daemon):
     url = daemon.url("app")
     cfg = write_config(tmp_path, git_package("app", url, "v2", upstream.shas["c2"]))
