@@ -15,6 +15,7 @@ override is recorded in ``Config.overrides`` so sessions can say so:
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -37,6 +38,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 BACKENDS = ("rocm", "cuda", "cpu")
 RECIPES = ("pytorch", "triton", "vllm", "generic")
 SOURCE_KINDS = ("git", "pypi", "url", "path")
+# Tools a ``[[packages.X.requires]]`` entry may name: the ones the doctor knows how to measure.
+REQUIREMENT_TOOLS = ("gcc", "g++", "clang", "cmake", "ninja", "git", "python", "rocm", "nvcc")
 COMPILE_CACHES = ("none", "ccache", "sccache")
 CACHE_BACKENDS = ("local", "redis", "s3", "gcs")
 # The variables sccache and ccache read themselves; set in the environment they win over the
@@ -387,6 +390,10 @@ def _requirement(t: _Table) -> Requirement:
         why=t.get("why", str, required=True),
     )
     t.done()
+    if r.tool not in REQUIREMENT_TOOLS:
+        close = difflib.get_close_matches(r.tool, REQUIREMENT_TOOLS, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(REQUIREMENT_TOOLS)}"
+        raise UserError(f"{t.key('tool')}: the doctor cannot check {r.tool!r}; {hint}")
     _check_specifier(r.spec, t.key("spec"))
     return r
 

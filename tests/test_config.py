@@ -171,6 +171,17 @@ def test_rocm_version_must_be_a_version(tmp_path):
     assert line == "rocmforge doctor: error: toolchain.rocm_version: 'seven' is not a version such as '7.2'"
 
 
+def test_requirement_names_a_tool_the_doctor_can_check(tmp_path):
+    # `gccc` used to pass, and the doctor then advised "install gccc".
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace('tool = "gcc"', 'tool = "gccc"', 1))
+    with pytest.raises(
+        UserError,
+        match=r"^packages\.pytorch\.requires\[0\]\.tool: the doctor cannot check 'gccc'; did you mean 'gcc'\?$",
+    ):
+        load_config(path, environ={})
+
+
 @pytest.mark.parametrize("label", ["rocm 7.2", "rocm7.2!", "", "+rocm7.2"])
 def test_local_version_must_be_a_pep440_label(tmp_path, label):
     # It was taken as is and the build died afterwards with InvalidWheelFilename (a traceback).
