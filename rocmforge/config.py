@@ -512,6 +512,22 @@ def _compile_cache(t: _Table, root: Path, environ: Mapping[str, str], notes: lis
     return tool, store
 
 
+_CUDA_ARCH_RE = re.compile(r"[0-9]+\.[0-9]+[af]?(\+PTX)?")
+
+
+def _cuda_archs(t: _Table) -> tuple[str, ...]:
+    """``build.cuda_arch``: TORCH_CUDA_ARCH_LIST entries such as 9.0, 9.0a or 8.6+PTX."""
+    archs = t.strings("cuda_arch")
+    for i, arch in enumerate(archs):
+        if not _CUDA_ARCH_RE.fullmatch(arch):
+            m = re.fullmatch(r"(?:sm|compute)_([0-9]+)([0-9])([af]?)", arch)
+            hint = f"write {m.group(1)}.{m.group(2)}{m.group(3)!s}" if m else "write e.g. 9.0 or 8.6+PTX"
+            raise UserError(
+                f"{t.key('cuda_arch')}[{i}]: {arch!r} is not a TORCH_CUDA_ARCH_LIST entry; {hint}"
+            )
+    return archs
+
+
 def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) -> Build:
     backend = t.choice("backend", BACKENDS, "rocm")
     arch_value = t.get("arch", (list, str), [])
@@ -552,7 +568,7 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     b = Build(
         backend=backend,
         arch=arch,
-        cuda_arch=t.strings("cuda_arch"),
+        cuda_arch=_cuda_archs(t),
         jobs=jobs,
         opt_level=opt,
         compile_cache=compile_cache,

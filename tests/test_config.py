@@ -171,13 +171,27 @@ def test_rocm_version_must_be_a_version(tmp_path):
     assert line == "rocmforge doctor: error: toolchain.rocm_version: 'seven' is not a version such as '7.2'"
 
 
+@pytest.mark.parametrize(
+    ("value", "hint"), [("sm_90", "write 9.0"), ("sm_90a", "write 9.0a"), ("hopper", "e.g. 9.0")]
+)
+def test_cuda_arch_entries_are_torch_cuda_arch_list_entries(tmp_path, value, hint):
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace('cuda_arch = ["9.0"]', f'cuda_arch = ["8.6+PTX", "{value}"]', 1))
+    with pytest.raises(
+        UserError,
+        match=rf"^build\.cuda_arch\[1\]: '{value}' is not a TORCH_CUDA_ARCH_LIST entry; .*{re.escape(hint)}",
+    ):
+        load_config(path, environ={})
+
+
 def test_requirement_names_a_tool_the_doctor_can_check(tmp_path):
     # `gccc` used to pass, and the doctor then advised "install gccc".
     path = tmp_path / "c.toml"
     path.write_text(GOOD.replace('tool = "gcc"', 'tool = "gccc"', 1))
     with pytest.raises(
         UserError,
-        match=r"^packages\.pytorch\.requires\[0\]\.tool: the doctor cannot check 'gccc'; did you mean 'gcc'\?$",
+        match=r"^packages\.pytorch\.requires\[0\]\.tool: the doctor cannot check 'gccc'; "
+        r"did you mean 'gcc'\?$",
     ):
         load_config(path, environ={})
 
