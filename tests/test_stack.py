@@ -229,3 +229,25 @@ def test_stack_example_pins_what_make_repos_creates(tmp_path):
         check=True,
     )
     assert shown.stdout.strip() == commits["minitriton"]
+
+
+def test_rocm_libraries_false_lets_a_torch_without_rocblas_pass_the_doctor(tmp_path):
+    """The option the example needs: off, the doctor insists on PyTorch's ROCm libraries."""
+    from rocmforge.build import host_facts
+    from rocmforge.doctor import FAIL, run_checks
+    from rocmforge.host import KEY_LIBRARIES, selected_rocm
+
+    facts = host_facts()
+    rocm = selected_rocm(facts)
+    if rocm is None or all(rocm.libraries.get(n) for n in KEY_LIBRARIES):
+        pytest.skip("needs a ROCm without the math libraries (Debian's hipcc)")
+    text = (EXAMPLES / "stack.toml").read_text()
+    strict = tmp_path / "strict.toml"
+    strict.write_text(text.replace("rocm_libraries = false", "rocm_libraries = true"))
+    for path, failed in ((EXAMPLES / "stack.toml", False), (strict, True)):
+        (row,) = [
+            c
+            for c in run_checks(load_config(path, environ={}), facts, ["pytorch"])
+            if c.name == "ROCm libraries"
+        ]
+        assert (row.status == FAIL) is failed and "rocblas" in row.found
