@@ -172,6 +172,18 @@ def test_adding_our_triton_rebuilds_torch_without_its_triton_pin(tmp_path):
 
 
 @pytest.mark.slow
+def test_without_a_version_torch_names_itself_and_the_label_is_still_added(tmp_path):
+    config = stack_config(tmp_path)
+    config.write_text(config.read_text().replace('version = "0.1.0"\n', "", 1))
+    proc = nox(config, "pytorch")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (torch,) = Wheelhouse(tmp_path / "out" / "wheelhouse").find("torch")
+    short = commit_of(tmp_path / "repos" / "minitorch")[:7]
+    assert torch.version == f"0.1.0a0+git{short}.rocm5.2"
+    assert "PYTORCH_BUILD_VERSION" not in record_of(torch.path)["env"]
+
+
+@pytest.mark.slow
 def test_both_wheels_install_together_and_verify_passes(stack, tmp_path):
     _root, config, house, _proc = stack
     python = venv_with(tmp_path, "--index", house.simple.as_uri(), "torch", "triton")

@@ -74,7 +74,9 @@ class PyTorch(Generic):
         return set(TRITON_PROJECTS) if ctx.builds_own("triton") else set()
 
     def native_local_version(self, ctx: Context) -> bool:
-        return True  # PYTORCH_BUILD_VERSION carries it
+        # PYTORCH_BUILD_VERSION carries it, when the version is known; else torch names itself
+        # (version.txt + git sha) and the wheel is relabelled.
+        return "PYTORCH_BUILD_VERSION" in self.environment(ctx)
 
 
 def _has_build_backend(root: Path) -> bool:
