@@ -8,6 +8,7 @@ nox -s lint tests             what CI runs
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -34,12 +35,31 @@ def _announce(session: nox.Session) -> None:
         session.log(note)
 
 
-@nox.session(venv_backend="none")
+def rocmforge_session(**options):
+    """``nox.session`` whose body may raise ``UserError``: it fails the session with that one line.
+
+    Bugs keep their traceback; every session announces the environment overrides in force.
+    """
+
+    def decorate(func):
+        @functools.wraps(func)
+        def run(session: nox.Session) -> None:
+            _announce(session)
+            try:
+                func(session)
+            except UserError as exc:
+                session.error(str(exc))
+
+        return nox.session(**options)(run)
+
+    return decorate
+
+
+@rocmforge_session(venv_backend="none")
 def toolchain(session: nox.Session) -> None:
     """Check compilers, ROCm, GPUs, permissions and memory against the pinned versions."""
     from rocmforge import doctor
 
-    _announce(session)
     doctor.toolchain_session(session, CONFIG)
 
 
@@ -47,7 +67,6 @@ def _package_session(name: str):
     def package_session(session: nox.Session) -> None:
         from rocmforge import build
 
-        _announce(session)
         build.run_session(session, CONFIG, name)
 
     pkg = CONFIG.packages[name]
@@ -60,28 +79,26 @@ def _package_session(name: str):
 
 # One session per configured package; `requires` runs its dependencies first.
 for _name, _pkg in CONFIG.packages.items():
-    nox.session(name=_name, venv_backend="none", requires=list(_pkg.depends))(_package_session(_name))
+    rocmforge_session(name=_name, venv_backend="none", requires=list(_pkg.depends))(_package_session(_name))
 
 
-@nox.session(venv_backend="none")
+@rocmforge_session(venv_backend="none")
 def lock(session: nox.Session) -> None:
     """Check out every pin and write rocmforge.lock.toml (-- --locked: fail on any difference; --offline)."""
     from rocmforge import lock
 
-    _announce(session)
     lock.lock_session(session, CONFIG)
 
 
-@nox.session(venv_backend="none")
+@rocmforge_session(venv_backend="none")
 def export(session: nox.Session) -> None:
     """Export sources, patches, lock and build-requirement wheels for an offline build (-- DEST [--tar])."""
     from rocmforge import bundle
 
-    _announce(session)
     bundle.export_session(session, CONFIG)
 
 
-@nox.session(venv_backend="none")
+@rocmforge_session(venv_backend="none")
 def index(session: nox.Session) -> None:
     """Regenerate the wheelhouse's simple index and constraints.txt; print the install commands."""
     from rocmforge import build
@@ -89,16 +106,15 @@ def index(session: nox.Session) -> None:
     build.index_session(session, CONFIG)
 
 
-@nox.session(venv_backend="none")
+@rocmforge_session(venv_backend="none")
 def verify(session: nox.Session) -> None:
     """Install the wheelhouse into a fresh venv and prove it runs (-- --no-gpu, --gpu-only, --json)."""
     from rocmforge import verify
 
-    _announce(session)
     verify.nox_session(session, CONFIG)
 
 
-@nox.session
+@rocmforge_session()
 def bench(session: nox.Session) -> None:
     """Measure the wheelhouse on this GPU against its peak (-- --quick; A/B: -- --b-python PATH)."""
     from rocmforge import bench

@@ -72,11 +72,8 @@ class Result:
 
 
 def run_session(session, cfg: Config, name: str) -> Result:
-    """nox entry point of the ``NAME`` session: build ``name``; a user error fails the session."""
-    try:
-        result = build_package(cfg, name)
-    except UserError as exc:
-        session.error(str(exc))
+    """nox entry point of the ``NAME`` session: build ``name`` and log the outcome."""
+    result = build_package(cfg, name)
     session.log(result.summary())
     return result
 

@@ -76,8 +76,7 @@ def rocm_for_build(cfg: Config, facts: HostFacts) -> RocmInstall:
     if rocm_path and not os.path.isdir(rocm_path):
         what = "is not a directory" if os.path.exists(rocm_path) else "does not exist"
         raise UserError(
-            f"ROCM_PATH={rocm_path} {what}; unset it or point it at a ROCm install "
-            "(e.g. /opt/rocm-7.2.0)"
+            f"ROCM_PATH={rocm_path} {what}; unset it or point it at a ROCm install (e.g. /opt/rocm-7.2.0)"
         )
     rocm = selected_rocm(facts)
     if rocm is None:

@@ -147,10 +147,7 @@ def export_session(session, cfg: Config) -> None:
     rest = [a for a in args if a != "--tar"]
     if len(rest) != 1:
         session.error("usage: nox -s export -- DEST [--tar]")
-    try:
-        path = export(cfg, Path(rest[0]), tar=tar)
-    except UserError as exc:
-        session.error(str(exc))
+    path = export(cfg, Path(rest[0]), tar=tar)
     where = path.with_suffix("") if tar else path
     session.log(
         f"on the offline machine: ROCMFORGE_OFFLINE_BUNDLE={where} (unpacked there; see docs/sources.md)"

@@ -232,7 +232,4 @@ def lock_session(session, cfg: Config) -> None:
     unknown = args - {"--locked", "--offline"}
     if unknown:
         session.error(f"unknown arguments {sorted(unknown)}; use --locked and/or --offline")
-    try:
-        write_lock(cfg, offline="--offline" in args, locked=True if "--locked" in args else None)
-    except UserError as exc:
-        session.error(str(exc))
+    write_lock(cfg, offline="--offline" in args, locked=True if "--locked" in args else None)
