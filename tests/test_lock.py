@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from gitrepos import GitDaemon, HttpServer, commit, git, git_package, make_upstream, url_package, write_config
+from gitrepos import commit, git, git_package, url_package, write_config
 
 from rocmforge import bundle, lock, sources
 from rocmforge.errors import UserError
@@ -25,26 +25,6 @@ def _clean_env(monkeypatch):
     monkeypatch.setattr(sources, "RETRY_DELAYS", (0.1,))
     monkeypatch.delenv("ROCMFORGE_LOCKED", raising=False)
     monkeypatch.delenv("ROCMFORGE_OFFLINE_BUNDLE", raising=False)
-
-
-@pytest.fixture
-def up(tmp_path):
-    return make_upstream(tmp_path / "up")
-
-
-@pytest.fixture
-def daemon(up):
-    d = GitDaemon(up.served)
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def http(tmp_path):
-    (tmp_path / "www").mkdir()
-    server = HttpServer(tmp_path / "www")
-    yield server
-    server.close()
 
 
 def _archive(tmp_path: Path, http) -> str:
@@ -71,7 +51,7 @@ README_PATCH = (
 )
 
 
-def test_lock_records_every_pin_and_reads_as_a_list(tmp_path, up, daemon, http):
+def test_lock_records_every_pin_and_reads_as_a_list(tmp_path, upstream, daemon, http):
     pkgs = (
         git_package("app", daemon.url("app"), "v2")
         + _patch(tmp_path, README_PATCH)
@@ -82,8 +62,8 @@ def test_lock_records_every_pin_and_reads_as_a_list(tmp_path, up, daemon, http):
     text = path.read_text()
     data = tomllib.loads(text)
     app, arc = data["packages"]["app"], data["packages"]["arc"]
-    assert app["commit"] == up.shas["c2"] and app["version"] == "1.0"
-    assert app["submodules"] == {"ext/lib": up.shas["lib"], "ext/lib/deps/leaf": up.shas["leaf"]}
+    assert app["commit"] == upstream.shas["c2"] and app["version"] == "1.0"
+    assert app["submodules"] == {"ext/lib": upstream.shas["lib"], "ext/lib/deps/leaf": upstream.shas["leaf"]}
     patch_sha = hashlib.sha256((tmp_path / "patches/app/0001-readme.patch").read_bytes()).hexdigest()
     assert app["patches"] == {"0001-readme.patch": patch_sha}
     assert app["fingerprint"] == sources.prepare(cfg, "app").fingerprint()
@@ -97,15 +77,15 @@ def test_lock_records_every_pin_and_reads_as_a_list(tmp_path, up, daemon, http):
     assert path.read_text() == text  # deterministic
 
 
-def test_locked_mode_replays_the_lock_and_refuses_differences(tmp_path, up, daemon, monkeypatch):
+def test_locked_mode_replays_the_lock_and_refuses_differences(tmp_path, upstream, daemon, monkeypatch):
     cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "main"))
     lock.write_lock(cfg)
-    moved = commit(up.work("app"), {"README": "app 4\n"}, "upstream moved on")
-    up.publish("app")
+    moved = commit(upstream.work("app"), {"README": "app 4\n"}, "upstream moved on")
+    upstream.publish("app")
     monkeypatch.setenv("ROCMFORGE_LOCKED", "1")
     (tmp_path / "third_party/.app.stamp.json").unlink()
     co = sources.prepare(cfg, "app")
-    assert co.commit == up.shas["c3"]  # the lock's commit, not the branch's new tip
+    assert co.commit == upstream.shas["c3"]  # the lock's commit, not the branch's new tip
     lock.write_lock(cfg)  # in locked mode: a check that passes
     monkeypatch.delenv("ROCMFORGE_LOCKED")
     assert sources.prepare(cfg, "app").commit == moved
@@ -114,7 +94,8 @@ def test_locked_mode_replays_the_lock_and_refuses_differences(tmp_path, up, daem
     with pytest.raises(UserError) as err:
         sources.prepare(cfg, "app")
     assert str(err.value) == (
-        f"ROCMFORGE_LOCKED: packages.app.commit is {moved!r} but rocmforge.lock.toml has {up.shas['c3']!r}; "
+        f"ROCMFORGE_LOCKED: packages.app.commit is {moved!r} "
+        f"but rocmforge.lock.toml has {upstream.shas['c3']!r}; "
         "run `nox -s lock` to accept the change, or restore the config that made the lock"
     )
 
@@ -137,7 +118,7 @@ def _wheel(directory: Path) -> Path:
     return path
 
 
-def test_export_builds_with_no_network(tmp_path, up, daemon, http, monkeypatch):
+def test_export_builds_with_no_network(tmp_path, upstream, daemon, http, monkeypatch):
     pkgs = (
         git_package("app", daemon.url("app"), "v2")
         + _patch(tmp_path, README_PATCH)
@@ -163,10 +144,10 @@ def test_export_builds_with_no_network(tmp_path, up, daemon, http, monkeypatch):
         assert co.fingerprint() == fingerprint and co.path.is_relative_to(elsewhere)
     assert (elsewhere / "third_party/app/README").read_text() == "app 2 patched\n"
     assert (elsewhere / "third_party/app/ext/lib/deps/leaf/leaf.txt").read_text() == "leaf 2\n"
-    assert git("rev-parse", "HEAD", cwd=elsewhere / "third_party/app/ext/lib") == up.shas["lib"]
+    assert git("rev-parse", "HEAD", cwd=elsewhere / "third_party/app/ext/lib") == upstream.shas["lib"]
 
 
-def test_damaged_lock_files_are_one_line(tmp_path, up, daemon):
+def test_damaged_lock_files_are_one_line(tmp_path, upstream, daemon):
     cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "v2"))
     path = lock.lock_path(cfg)
     # An empty lock printed the whole current [packages] table as "the difference".
@@ -174,7 +155,7 @@ def test_damaged_lock_files_are_one_line(tmp_path, up, daemon):
     with pytest.raises(UserError) as err:
         lock.write_lock(cfg, locked=True)
     assert str(err.value).startswith(
-        f"ROCMFORGE_LOCKED: packages.app.commit is {up.shas['c2']!r} but rocmforge.lock.toml has None;"
+        f"ROCMFORGE_LOCKED: packages.app.commit is {upstream.shas['c2']!r} but rocmforge.lock.toml has None;"
     )
     # Binary bytes and a wrong shape were UnicodeDecodeError / AttributeError tracebacks.
     path.write_bytes(b"\x00\xff")
@@ -184,7 +165,7 @@ def test_damaged_lock_files_are_one_line(tmp_path, up, daemon):
     with pytest.raises(UserError, match=r"\[packages\] is not a table of package tables"):
         lock.read_lock(cfg)
     lock.write_lock(cfg)  # the fix the messages name: write it again
-    assert lock.read_lock(cfg)["packages"]["app"]["commit"] == up.shas["c2"]
+    assert lock.read_lock(cfg)["packages"]["app"]["commit"] == upstream.shas["c2"]
     # A directory in its place failed at the final rename, after every checkout.
     path.unlink()
     path.mkdir()
@@ -194,7 +175,7 @@ def test_damaged_lock_files_are_one_line(tmp_path, up, daemon):
         lock.write_lock(cfg)
 
 
-def test_export_to_an_unwritable_place_is_one_line_before_any_work(tmp_path, up, daemon):
+def test_export_to_an_unwritable_place_is_one_line_before_any_work(tmp_path, upstream, daemon):
     cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "v2"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 from gitrepos import (
     CuttingProxy,
-    GitDaemon,
-    HttpServer,
     commit,
     git,
     git_package,
@@ -35,18 +33,6 @@ def _fast_retries(monkeypatch):
     monkeypatch.setattr(sources, "RETRY_DELAYS", (0.1, 0.2))
     monkeypatch.delenv("ROCMFORGE_LOCKED", raising=False)
     monkeypatch.delenv("ROCMFORGE_OFFLINE_BUNDLE", raising=False)
-
-
-@pytest.fixture
-def upstream(tmp_path):
-    return make_upstream(tmp_path / "up")
-
-
-@pytest.fixture
-def daemon(upstream):
-    d = GitDaemon(upstream.served)
-    yield d
-    d.stop()
 
 
 def test_git_daemon_shallow_checkout_with_nested_submodules(tmp_path, upstream, daemon):
@@ -339,14 +325,6 @@ def _sha(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def http(tmp_path):
-    (tmp_path / "www").mkdir()
-    server = HttpServer(tmp_path / "www")
-    yield server
-    server.close()
 
 
 def test_url_archive_checkout_and_cached_corruption(tmp_path, http):
