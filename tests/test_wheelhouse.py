@@ -109,6 +109,11 @@ def _venv(tmp: Path, name: str) -> Path:
     return venv / "bin" / "python"
 
 
+def _pip_install(python: Path, *args: str) -> None:
+    """pip install into ``python``'s venv with PyPI as the only index (see ``_PYPI_ENV``)."""
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *args], check=True, env=_PYPI_ENV)
+
+
 def _installed_version(python: Path, dist: str) -> str:
     code = f"from importlib.metadata import version; print(version({dist!r}))"
     return subprocess.run(
@@ -147,22 +152,7 @@ def test_a_newer_pypi_release_cannot_replace_our_wheel(tmp_path):
 
     # The danger, shown for real: pip with --find-links and PyPI takes PyPI's newer release.
     python = _venv(tmp_path, "naive")
-    subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--index-url",
-            _PYPI,
-            "--find-links",
-            str(house.root),
-            "six",
-        ],
-        check=True,
-        env=_PYPI_ENV,
-    )
+    _pip_install(python, "--index-url", _PYPI, "--find-links", str(house.root), "six")
     assert _installed_version(python, "six") == "1.17.0"
 
     # uv with our index first: first-index strategy, PyPI is never asked about six.
@@ -176,23 +166,8 @@ def test_a_newer_pypi_release_cannot_replace_our_wheel(tmp_path):
 
     # pip with the exact pins of constraints.txt: only our build satisfies six==1.16.0+rf.
     python = _venv(tmp_path, "pip")
-    subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--index-url",
-            _PYPI,
-            "--find-links",
-            str(house.root),
-            "-c",
-            str(house.constraints),
-            "six",
-        ],
-        check=True,
-        env=_PYPI_ENV,
+    _pip_install(
+        python, "--index-url", _PYPI, "--find-links", str(house.root), "-c", str(house.constraints), "six"
     )
     assert _installed_version(python, "six") == "1.16.0+rf"
 
