@@ -110,10 +110,8 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     checkout = sources.prepare(cfg, name)
     recipe = recipes.get(pkg.recipe)
     deps = dependency_wheels(cfg, name)
-    venv = work / "venv"
-    python = venv / "bin" / "python"
-    dist = work / "dist"
-    ctx = recipes.Context(cfg, pkg, checkout, python, dist, deps)
+    ctx = build_context(cfg, name, checkout, deps)
+    venv, dist = work / "venv", ctx.dist_dir
     project_dir = recipe.project_dir(checkout)
 
     # The fingerprint takes what rocmforge decides plus the caller's variables that shape
@@ -132,7 +130,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         }.items()
         if not compile_cache.is_cache_variable(key)
     }
-    requirements = _without(recipe.build_requirements(ctx), deps.values())
+    requirements = venv_requirements(recipe, ctx)
     inputs = {
         "rocmforge": __version__,
         "recipe": recipe.name,
@@ -147,7 +145,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         "arch": list(target_archs(cfg)),
         "compilers": compilers_used(own_env, facts),
         "rocm": rocm_version(facts),
-        "python": _python_version(cfg),
+        "python": python_version(cfg),
         "requirements": requirements,
         "dependencies": {dep: _sha256_of(house, wheel) for dep, wheel in deps.items()},
         # The published metadata depends on it: configuring our own Triton drops torch's pin.
@@ -285,7 +283,7 @@ def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: f
         "rocmforge": __version__,
         "requirement": pre.requirement,
         "index": pre.index,
-        "python": _python_version(cfg),
+        "python": python_version(cfg),
         "dropped": sorted(recipes.get(pkg.recipe).dropped_requirements(_prebuilt_context(cfg, pkg))),
     }
     fingerprint = _digest(inputs)
@@ -301,7 +299,7 @@ def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: f
     venv = work / "venv"
     if not (venv / "bin" / "pip").is_file():
         _remove(venv)
-        seed = [_uv(), "venv", "--quiet", "--seed", "--python", _python(cfg), str(venv)]
+        seed = [uv_binary(), "venv", "--quiet", "--seed", "--python", _python(cfg), str(venv)]
         if not buildlog.run_step(f"{pkg.name}: venv", seed, cwd=work, env=dict(os.environ), log=log).ok:
             raise UserError(f"{pkg.name}: could not create a venv for {_python(cfg)}; full log: {log}")
     argv = [
@@ -394,10 +392,23 @@ def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str)
         "env": dict(env),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
-        "python": _python_version(cfg),
+        "python": python_version(cfg),
         "fingerprint": fingerprint,
         "rocmforge": __version__,
     }
+
+
+def build_context(cfg: Config, name: str, checkout, deps: Mapping[str, Path]) -> recipes.Context:
+    """The recipe context of ``name``'s build: its venv under the work dir, its dependencies' wheels."""
+    work = cfg.build.work_dir / name
+    python = work / "venv" / "bin" / "python"
+    return recipes.Context(cfg, cfg.package(name), checkout, python, work / "dist", deps)
+
+
+def venv_requirements(recipe, ctx: recipes.Context) -> list[str]:
+    """What the build venv installs from the index: the recipe's build requirements minus the
+    projects our dependency wheels provide. The air-gapped export downloads exactly this list."""
+    return _without(recipe.build_requirements(ctx), ctx.dependencies.values())
 
 
 def dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:
@@ -420,9 +431,12 @@ def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], hou
     if stamp.is_file() and stamp.read_text() == key:
         return
     _remove(venv)
-    uv = _uv()
+    uv = uv_binary()
     steps = [[uv, "venv", "--quiet", "--python", _python(cfg), str(venv)]]
     install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
+    from rocmforge import bundle
+
+    install += bundle.offline_index_args()  # air-gapped: the export's wheels are the only index
     if wheels:
         # Our index first: for any project it has, uv takes no version from PyPI.
         install += ["--index", (house.simple).resolve().as_uri(), *map(str, wheels)]
@@ -444,7 +458,8 @@ def _without(requirements: list[str], wheels) -> list[str]:
     return [r for r in requirements if canonicalize_name(Requirement(r).name) not in ours]
 
 
-def _uv() -> str:
+def uv_binary() -> str:
+    """The uv executable: on PATH, else the one the ``uv`` package ships."""
     found = shutil.which("uv")
     if found:
         return found
@@ -458,7 +473,8 @@ def _python(cfg: Config) -> str:
     return cfg.build.python or sys.executable
 
 
-def _python_version(cfg: Config) -> str:
+def python_version(cfg: Config) -> str:
+    """The version of the interpreter the wheels are built for, e.g. ``3.12.3``."""
     if cfg.build.python is None:
         return platform.python_version()
     out = subprocess.run(

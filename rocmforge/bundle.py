@@ -8,11 +8,14 @@
     DEST/git/<mirror>.shallow         submodule (.shallow: where shallow history ends;
     DEST/git/<mirror>.pins.json       .pins.json: the rev -> commit checks already made)
     DEST/archives/<sha256>/<file>   sdists and archives, as in the cache
-    DEST/wheels/                    wheels of the build requirements (``pip download``)
+    DEST/wheels/                    wheels of everything the build venvs install from an index:
+                                      each recipe's build requirements (the list the build itself
+                                      asks for, :func:`rocmforge.build.venv_requirements`) and what
+                                      they depend on, resolved by uv for the build's Python
 
 On the air-gapped machine, ``ROCMFORGE_OFFLINE_BUNDLE=DEST`` makes every checkout read from
-the export and never touch the network; ``PIP_NO_INDEX=1 PIP_FIND_LINKS=DEST/wheels`` does the
-same for pip. See docs/sources.md.
+the export and every build venv install from ``DEST/wheels`` only (``--no-index``), never
+touching the network. See docs/sources.md.
 """
 
 from __future__ import annotations
@@ -25,21 +28,17 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from rocmforge import git, lock, sources
+from rocmforge import build, git, lock, recipes, sources
 from rocmforge.config import Config
 from rocmforge.console import console
 from rocmforge.errors import UserError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
-# Distribution names of the packages we build ourselves: never downloaded as build requirements.
+WHEELS = "wheels"
+# Distribution names of our packages whose wheel is named otherwise than the package.
 _DIST_NAMES = {"pytorch": "torch"}
 
 
-def export(cfg: Config, dest: Path, *, tar: bool = False, pip_args: tuple[str, ...] = ()) -> Path:
+def export(cfg: Config, dest: Path, *, tar: bool = False, index_args: tuple[str, ...] = ()) -> Path:
     """Write the export to ``dest`` (built aside, renamed when complete); returns the path written."""
     dest = dest.resolve()
     if dest.exists():
@@ -60,8 +59,8 @@ def export(cfg: Config, dest: Path, *, tar: bool = False, pip_args: tuple[str, .
         requirements: list[str] = []
         for checkout in checkouts:
             _export_source(cfg, checkout, staging)
-            requirements += build_requirements(cfg, checkout)
-        _download_wheels(sorted(set(requirements)), staging / "wheels", pip_args)
+            requirements += venv_requirements(cfg, checkout)
+        _download_wheels(cfg, sorted(set(requirements)), staging / WHEELS, index_args)
         os.replace(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -108,36 +107,68 @@ def _export_source(cfg: Config, checkout: sources.Checkout, staging: Path) -> No
         shutil.copy2(src, staging / "patches" / checkout.package / file)
 
 
-def build_requirements(cfg: Config, checkout: sources.Checkout) -> list[str]:
-    """``[build-system].requires`` of the checkout, without the packages we build ourselves."""
-    pyproject = checkout.project_dir / "pyproject.toml"
-    if not pyproject.is_file():
-        return []
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
-
-    ours = {canonicalize_name(_DIST_NAMES.get(n, n)) for n in cfg.packages}
-    requires = tomllib.loads(pyproject.read_text()).get("build-system", {}).get("requires", [])
-    kept = []
-    for text in requires:
-        try:
-            if canonicalize_name(Requirement(text).name) in ours:
-                continue
-        except InvalidRequirement:
-            raise UserError(f"{pyproject}: build requirement {text!r} is not valid") from None
-        kept.append(text)
-    return kept
+def venv_requirements(cfg: Config, checkout: sources.Checkout) -> list[str]:
+    """What the build venv of ``checkout``'s package installs from an index, asked of its recipe
+    with the context the build will use (:func:`rocmforge.build.build_context`)."""
+    pkg = cfg.package(checkout.package)
+    ctx = build.build_context(cfg, pkg.name, checkout, _dependency_wheels(cfg, pkg.name))
+    return build.venv_requirements(recipes.get(pkg.recipe), ctx)
 
 
-def _download_wheels(requirements: list[str], wheels: Path, pip_args: tuple[str, ...]) -> None:
+def _dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:
+    """The wheelhouse's dependency wheels, as the build will see them; before they are built,
+    the names they will have (what the recipes and the requirement filter look at)."""
+    try:
+        return build.dependency_wheels(cfg, name)
+    except UserError:
+        depends = list(cfg.package(name).depends)
+        return {dep: Path(f"{_dist_name(cfg, dep)}-0-py3-none-any.whl") for dep in cfg.build_order(depends)}
+
+
+def _dist_name(cfg: Config, name: str) -> str:
+    prebuilt = cfg.package(name).prebuilt
+    if prebuilt is not None:
+        from packaging.requirements import Requirement
+
+        return Requirement(prebuilt.requirement).name
+    return _DIST_NAMES.get(name, name)
+
+
+def _download_wheels(cfg: Config, requirements: list[str], wheels: Path, index_args: tuple[str, ...]) -> None:
+    """Wheels of ``requirements`` and their dependencies for the build's Python into ``wheels``.
+
+    uv resolves the list, as the build venv does, so the offline venv gets the versions the
+    online one would; pip then downloads exactly those pins (uv has no download command).
+    """
     wheels.mkdir(parents=True, exist_ok=True)
     if not requirements:
         return
-    console.print(f"downloading build requirements: {', '.join(requirements)}")
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--prefer-binary", "--dest", str(wheels)]
-    proc = subprocess.run([*cmd, *pip_args, *requirements], capture_output=True, text=True)
+    version = ".".join(build.python_version(cfg).split(".")[:2])
+    console.print(f"resolving build requirements for Python {version}: {', '.join(requirements)}")
+    resolve = [build.uv_binary(), "pip", "compile", "-q", "--no-header", "--no-annotate"]
+    resolve += ["--python-version", version, *index_args, "-"]
+    proc = subprocess.run(resolve, input="\n".join(requirements), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"resolving the build requirements failed: {git.last_line(proc.stderr)}")
+    pins = [line for line in proc.stdout.splitlines() if line and not line.startswith(("#", "-"))]
+    console.print(f"downloading {len(pins)} wheels for Python {version}")
+    # Wheels only: an sdist would have to be built on the air-gapped machine, needing its own
+    # build requirements there.
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--python-version", version, "--dest", str(wheels), *index_args, *pins]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"pip download of the build requirements failed: {git.last_line(proc.stderr)}")
+
+
+def offline_index_args(environ=None) -> list[str]:
+    """uv/pip arguments that make an install use only the export's wheels, when building from
+    one (``ROCMFORGE_OFFLINE_BUNDLE``); none otherwise."""
+    environ = os.environ if environ is None else environ
+    export_dir = environ.get(sources.BUNDLE_ENV)
+    if not export_dir:
+        return []
+    return ["--no-index", "--find-links", str(Path(export_dir) / WHEELS)]
 
 
 def export_session(session, cfg: Config) -> None:
