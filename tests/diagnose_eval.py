@@ -4,7 +4,8 @@ The split is a fixed function of the file name (see ``tests/data/diagnose/README
 before the classifier was tuned: tune on ``--train``, report ``--held-out``. ``--fresh`` is a
 third set, ``tests/data/diagnose/fresh/``, gathered only after the classifier was frozen
 (commit ac32f62); ``--fresh2``, ``fresh2/``, only after the second freeze (d441963), which
-had learnt from the first fresh set's misses.
+had learnt from the first fresh set's misses; ``--fresh3``, ``fresh3/``, gathered before the
+third round of tuning, which learnt from the fresh2 and fresh3 misses.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "diagnose"
-FRESH = FIXTURES / "fresh"
-FRESH2 = FIXTURES / "fresh2"
+# The blind sets, each gathered after the classifier was frozen, never tuned on before scoring.
+BLIND_SETS = ("fresh", "fresh2", "fresh3")
 
 
 def is_held_out(path: Path) -> bool:
@@ -29,9 +30,9 @@ def is_held_out(path: Path) -> bool:
 
 
 def fixtures(split: str) -> list[tuple[Path, str]]:
-    """(path, expected category) of every fixture in one split: train, held-out, fresh, fresh2."""
+    """(path, expected category) of every fixture in one split: train, held-out or a blind set."""
     out = []
-    directory = {"fresh": FRESH, "fresh2": FRESH2}.get(split, FIXTURES)
+    directory = FIXTURES / split if split in BLIND_SETS else FIXTURES
     for path in sorted(directory.glob("*.log")):
         if directory is FIXTURES and is_held_out(path) != (split == "held-out"):
             continue
@@ -62,11 +63,12 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--train", action="store_true")
     group.add_argument("--held-out", action="store_true")
-    group.add_argument("--fresh", action="store_true")
-    group.add_argument("--fresh2", action="store_true")
+    for name in BLIND_SETS:
+        group.add_argument(f"--{name}", action="store_true")
     parser.add_argument("-v", action="store_true", help="name each misclassified fixture")
     args = parser.parse_args()
-    name = "held-out" if args.held_out else "fresh" if args.fresh else "fresh2" if args.fresh2 else "train"
+    chosen = [name for name in BLIND_SETS if getattr(args, name)]
+    name = "held-out" if args.held_out else chosen[0] if chosen else "train"
     correct, total, confusions = evaluate(name)
     print(f"{name}: {correct}/{total} = {correct / max(total, 1):.1%}")
     for (expected, got), n in confusions.most_common():

@@ -23,9 +23,12 @@ from rocmforge.diagnose import CATEGORIES, Diagnosis, diagnose_file, diagnose_te
 from rocmforge.errors import UserError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diagnose_eval import FIXTURES, FRESH, FRESH2, evaluate, fixtures
+from diagnose_eval import BLIND_SETS, FIXTURES, evaluate, fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
+FRESH = FIXTURES / "fresh"
+# Every real excerpt: the train/held-out pool and each blind set.
+ALL_FIXTURES = [*FIXTURES.glob("*.log"), *(p for s in BLIND_SETS for p in (FIXTURES / s).glob("*.log"))]
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -48,9 +51,9 @@ def _config(tmp_path: Path, retry: list[str]):
 
 def test_fixtures_name_their_source_and_a_known_category():
     seen = set()
-    for path in [*FIXTURES.glob("*.log"), *FRESH.glob("*.log"), *FRESH2.glob("*.log")]:
+    for path in ALL_FIXTURES:
         head = path.read_text().splitlines()[:2]
-        assert head[0].startswith("# source: https://github.com/"), path.name
+        assert head[0].startswith("# source: https://"), path.name
         category = head[1].removeprefix("# category: ")
         assert category in CATEGORIES, path.name
         assert path.name.startswith(category + "-"), path.name
@@ -62,7 +65,7 @@ def test_signal_needles_are_in_every_line_the_signal_matches():
     """The substring prefilter must never hide a line from a signal (checked on all real text)."""
     from rocmforge.diagnose import SIGNALS, body, iter_lines
 
-    for path in [*FIXTURES.glob("*.log"), *FRESH.glob("*.log"), *FRESH2.glob("*.log")]:
+    for path in ALL_FIXTURES:
         with open(path, "rb") as f:
             for number, text in iter_lines(f):
                 for sig in SIGNALS:
