@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
+import subprocess
 import sys
 import tarfile
 import zipfile
@@ -13,6 +17,8 @@ from gitrepos import commit, git, git_package, url_package, write_config
 
 from rocmforge import bundle, lock, sources
 from rocmforge.errors import UserError
+from rocmforge.wheelfile import read_member
+from rocmforge.wheelhouse import Wheelhouse
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -187,3 +193,69 @@ def test_export_to_an_unwritable_place_is_one_line_before_any_work(tmp_path, ups
     assert str(err.value).endswith("); choose a writable directory")
     assert not lock.lock_path(cfg).exists()  # stopped before writing the lock or checking out
     assert not (tmp_path / "third_party" / "app").exists()
+
+
+def _network_cut() -> list[str]:
+    """A command prefix that runs its command with no network at all (a new, empty network namespace)."""
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
+        return [unshare, "-rn"]
+    return []  # no user namespaces here: the variables below still forbid every index and cache
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc (apt install hipcc)")
+def test_the_stack_builds_from_its_export_with_the_network_cut(tmp_path):
+    """minitorch's recipe installs requirements-build.txt plus `build`, more than its pyproject's
+    [build-system] requires; an export of only the latter left the offline build venv short."""
+    from test_build import nox, write_config
+
+    config = write_config(tmp_path, example="stack.toml")
+    online = nox(config, "pytorch")
+    assert online.returncode == 0, online.stderr[-3000:]
+    house = Wheelhouse(tmp_path / "out" / "wheelhouse")
+    (built,) = house.find("torch")
+    online_wheel = built.path.read_bytes()
+    online_record = json.loads(read_member(built.path, "rocmforge.json"))
+    dest = tmp_path / "export"
+    exported = nox(config, "export", "--", str(dest))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    downloaded = {p.name.split("-")[0].lower() for p in (dest / "wheels").glob("*.whl")}
+    assert {"build", "setuptools", "wheel", "packaging", "pyproject_hooks"} <= downloaded
+
+    # The air-gapped machine: same layout, but no upstream, no cache, no checkout, no wheelhouse,
+    # empty pip and uv caches, every index refused, and (where the kernel lets us) no network.
+    (tmp_path / "repos").rename(tmp_path / "repos-gone")
+    for made in ("cache", "out"):
+        shutil.rmtree(tmp_path / made)
+    empty = tmp_path / "empty-caches"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env.update(
+        ROCMFORGE_CONFIG=str(config),
+        ROCMFORGE_OFFLINE_BUNDLE=str(dest),
+        PIP_NO_INDEX="1",
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_CACHE_DIR=str(empty / "pip"),
+        UV_OFFLINE="1",
+        UV_NO_CONFIG="1",
+        UV_CACHE_DIR=str(empty / "uv"),
+    )
+    for var in ("PYTORCH_ROCM_ARCH", "MAX_JOBS"):
+        env.pop(var, None)
+    noxfile = Path(__file__).resolve().parents[1] / "noxfile.py"
+    offline = subprocess.run(
+        [*_network_cut(), sys.executable, "-m", "nox", "-f", str(noxfile), "-s", "pytorch"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert offline.returncode == 0, offline.stderr[-3000:]
+    (rebuilt,) = house.find("torch")
+    assert rebuilt.path.name == built.path.name
+    record = json.loads(read_member(rebuilt.path, "rocmforge.json"))
+    assert record["fingerprint"] == online_record["fingerprint"]
+    assert {**record, "built_at": None} == {**online_record, "built_at": None}
+    venv = tmp_path / "out" / "pytorch" / "venv"
+    assert list(venv.glob("lib/python*/site-packages/build/__init__.py"))  # from the export's wheels
+    print(f"offline wheel byte-identical to the online one: {rebuilt.path.read_bytes() == online_wheel}")
