@@ -163,9 +163,13 @@ _PROG = (
     r"(?P<prog>cc1plus|cc1|cicc|clang\+\+|clang(?:-\d+)?|g\+\+|gcc|c\+\+|hipcc|nvcc|icpx|ld(?:\.lld)?|lld)"
 )
 _SO = r"(?P<lib>lib[\w.+-]*?\.so(?:\.[\d.]+)?)"
+# Headers only the CUDA toolkit (or a CUDA-only library) ships: cuda*.h, the cu* math libraries,
+# the runtime's helper headers, and CUDA back-ends of header-only libraries.
 _CUDA_HEADERS = (
-    r"cuda_runtime(?:_api)?\.h|cuda\.h|cuda_fp16\.h|cuda_bf16\.h|cublas(?:_v2|Lt)?\.h|"
-    r"cusparse\.h|curand(?:_kernel)?\.h|cudnn\.h|cub/\S+|thrust/system/cuda/\S+|nccl\.h"
+    r"cuda\w*\.h|cu(?:blas|fft|sparse|rand|solver|dnn|tensor|pti)\w*\.h|nvrtc\.h|nvToolsExt\w*\.h|"
+    r"nccl\.h|vector_(?:types|functions)\.h|device_(?:functions|launch_parameters)\.h|"
+    r"math_constants\.h|helper_cuda\.h|cooperative_groups\.h|mma\.h|sm_\d+_\w+\.h|cub/\S+|"
+    r"thrust/system/cuda/\S+"
 )
 
 SIGNALS: tuple[Signal, ...] = (
@@ -230,6 +234,24 @@ SIGNALS: tuple[Signal, ...] = (
         "arch_unsupported",
         7,
         r"'(?P<arch>gfx[\w-]+)' is not a recognized processor",
+    ),
+    _sig(
+        "offload-arch-combination",
+        ("offload arch",),
+        "arch_unsupported",
+        9,
+        r"[Ii]nvalid offload arch combinations?:? (?P<arch>[\w:+-]+)|[Uu]nsupported offload arch",
+    ),
+    _sig(
+        # rocBLAS/hipBLASLt look up per-arch kernel files at run time; a missing one means the
+        # installed library was built without kernels for this GPU.
+        "no-kernels-for-arch",
+        ("tensile", "for gpu arch"),
+        "arch_unsupported",
+        9,
+        r"(?:Cannot read|Could not load|No such file).*Tensile\w*?(?:_lazy)?_(?P<arch>gfx\w+)\."
+        r"(?:dat|co|hsaco)|"
+        r"Tensile\w*\.dat\b.*?No such file(?: or directory)?(?: for GPU arch ?: ?(?P<arch2>gfx\w+))?",
     ),
     _sig(
         "fp8-format-mix",
@@ -324,6 +346,15 @@ SIGNALS: tuple[Signal, ...] = (
         r"memory_resource|span|format|ranges|concepts|bit|numbers|source_location|expected)'?:? "
         r"(?:No such file|file not found)",
     ),
+    _sig(
+        # A dependent-false static_assert(false, ...) in a template only became legal with
+        # P2593 (GCC 13, Clang 17); older compilers fire it even where it is never instantiated.
+        "static-assert-false",
+        ("static_assert",),
+        "compiler_version",
+        6,
+        r"\bstatic_assert\s*\(\s*false\s*,",
+    ),
     # -- the compiler itself failed (not for lack of memory)
     _sig(
         "ice",
@@ -374,6 +405,13 @@ SIGNALS: tuple[Signal, ...] = (
         "compiler_crash",
         6,
         r"#\d+ 0x[0-9a-f]+ .*\((?:\S*/)?(?:clang(?:\+\+)?(?:-\d+)?|llc|opt|lld|ld\.lld|cc1plus)\+0x",
+    ),
+    _sig(
+        "llvm-signal-handler",
+        ("signalhandler", "printstacktrace", "runsignalhandlers"),
+        "compiler_crash",
+        7,
+        r"(?:llvm::sys::|_ZN4llvm3sys\d+)(?:RunSignalHandlers|PrintStackTrace)|\bSignalHandler\(int\)",
     ),
     _sig("llvm-error", ("llvm error:",), "compiler_crash", 6, r"LLVM ERROR: (?!out of memory)"),
     _sig(
@@ -427,12 +465,14 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     # -- the build could not find the HIP/ROCm installation
     _sig(
+        # CMake's find_package() failure, in either of its wordings, for a ROCm package.
         "cmake-package-config",
-        ("package configuration file",),
+        ("package configuration file", "by not providing"),
         "cmake_hip_not_found",
         10,
-        r'package configuration file provided by\s+"(?P<pkg>hip|HIP|hip-lang|hipcub|rocprim|rocblas|'
-        r"hipblas\w*|miopen|rocm\w*|amd_comgr|hsa-runtime64|rccl|hiprand|rocrand|composable_kernel)\"",
+        r'(?:package configuration file provided by\s+"|By not providing\s+"Find)(?P<pkg>hip|HIP|hip-lang|'
+        r"hipcub|rocprim|rocblas|hipblas\w*|miopen|rocm\w*|amd_comgr|hsa-runtime64|rccl|hiprand|rocrand|"
+        r'composable_kernel)(?:\.cmake)?"',
     ),
     _sig(
         "cmake-config-version",
@@ -454,6 +494,14 @@ SIGNALS: tuple[Signal, ...] = (
         "cmake_hip_not_found",
         10,
         r"cannot find HIP runtime|cannot find ROCm device librar",
+    ),
+    _sig(
+        "cmake-hip-language-root",
+        ("rocm root directory", "hip runtime cmake package", "hip-lang-config"),
+        "cmake_hip_not_found",
+        9,
+        r"Failed to find ROCm root directory|does not contain the HIP runtime CMake package|"
+        r"hip-lang-config\.cmake",
     ),
     _sig(
         "hip-path-unset",
@@ -485,6 +533,13 @@ SIGNALS: tuple[Signal, ...] = (
         r"No rule to make target '(?P<lib>[^']+\.so[\d.]*)'",
     ),
     _sig(
+        "ninja-missing-input",
+        ("no known rule to make it",),
+        "missing_library_link",
+        9,
+        r"'(?P<lib>[^']+\.(?:so[\d.]*|a))', needed by '[^']+', missing and no known rule to make it",
+    ),
+    _sig(
         "cmake-lib-notfound",
         ("notfound",),
         "missing_library_link",
@@ -492,7 +547,22 @@ SIGNALS: tuple[Signal, ...] = (
         r"NOTFOUND\.?\s+(?P<var>\w+_LIBRARY\w*) linked by target",
     ),
     # -- linking failed because of how it was asked to link
-    _sig("fpic", ("recompile with -fpic",), "link_flags", 10, r"recompile with -fPIC"),
+    _sig(
+        "fpic",
+        ("-fpic", "dynamic relocation", "when making a"),
+        "link_flags",
+        10,
+        r"recompile(?: \w+){0,3} with -fPIC|can't create dynamic relocation|"
+        r"can ?not be used when making a (?:shared|PIE|PDE) object",
+    ),
+    _sig(
+        # 32-bit (or other-ABI) libraries on a 64-bit link line: a wrong -L or sysroot.
+        "wrong-elf-class",
+        ("is incompatible with elf", "skipping incompatible"),
+        "link_flags",
+        9,
+        r"(?P<lib>\S+) is incompatible with elf\w*|skipping incompatible (?P<lib2>\S+) when searching",
+    ),
     _sig("dso-missing", ("dso missing",), "link_flags", 10, r"DSO missing from command line"),
     _sig(
         "cxx11-abi",
@@ -607,9 +677,16 @@ SIGNALS: tuple[Signal, ...] = (
         "version_mismatch",
         5,
         r"version mismatch|incompatible (?:with|version)|which is incompatible",
+        unless=r"incompatible with elf|skipping incompatible",
     ),
     # -- pip's isolated build environment has the wrong torch (or none)
-    _sig("isolated-no-torch", ("no module named",), "build_isolation_torch", 6, r"No module named '?torch'?"),
+    _sig(
+        "isolated-no-torch",
+        ("no module named", "module 'torch'"),
+        "build_isolation_torch",
+        6,
+        r"No module named '?torch'?|[Mm]odule '?torch'? (?:is )?(?:missing|not found)",
+    ),
     _sig(
         "isolation-collects-torch",
         ("torch",),
@@ -1021,6 +1098,16 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
     if oom_kill and "compiler_crash" in scores:
         # A compiler killed for memory prints a crash banner too; the kill is the cause.
         move("compiler_crash", "oom_compiler", 0.0, "the compiler was killed for lack of memory")
+    elif "compiler_crash" in scores and "oom_compiler" in scores and _signal_death_only(reading):
+        # A compiler that crashes on its own prints a report (stack dump, backtrace, "PLEASE
+        # submit"); one that only "failed due to signal" was stopped from outside, and with the
+        # log showing memory running out, that was the memory.
+        move(
+            "compiler_crash",
+            "oom_compiler",
+            0.0,
+            "the compiler died of a signal without a crash report while memory ran out",
+        )
 
     # In pip's isolated build env the only torch is the one pip put there (PyPI's CUDA or CPU
     # build) or none, so a missing torch or a CUDA check there is a symptom of the isolation,
@@ -1060,6 +1147,29 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
         # "Failed to get device count" while running means no GPU, not a build without archs.
         move("arch_not_specified", "no_gpu_visible", 0.0, "the error comes from a running program")
     return why
+
+
+# What a compiler prints when it crashes by itself, as opposed to being killed from outside.
+_CRASH_REPORT = (
+    "ice",
+    "exec-aborted",
+    "submit-bug-report",
+    "stack-dump",
+    "compiler-backtrace",
+    "llvm-signal-handler",
+    "llvm-error",
+    "compiler-segfault",
+)
+
+
+def _signal_death_only(reading: _Reading) -> bool:
+    """The compiler died of a signal ("failed due to signal") and printed no crash report."""
+    died = any(
+        "due to signal" in h.text
+        for n in ("frontend-crash", "command-failed-signal")
+        for h in reading.hits.get(n, ())
+    )
+    return died and not any(n in reading.hits for n in _CRASH_REPORT)
 
 
 def _first_line(reading: _Reading, category: str) -> int:
@@ -1203,6 +1313,20 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             "or build.arch in build_config.toml"
         )
     if category == "arch_unsupported":
+        names = {h.signal.name for h in hits}
+        if "no-kernels-for-arch" in names:
+            gpu = arch or "this GPU's arch"
+            return (
+                f"{at}: the installed rocBLAS/hipBLASLt has no kernels for {gpu}: use a {rocm} (or a "
+                f"torch wheel) whose math libraries were built for {gpu}, or build them with {gpu} "
+                "in GPU_TARGETS; HSA_OVERRIDE_GFX_VERSION to a supported sibling is only a workaround"
+            )
+        if "offload-arch-combination" in names:
+            return (
+                f"{at}: clang refuses this mix of targets ({arch or 'the same processor'} with and "
+                "without a feature such as xnack/sramecc); list each processor once, all with or "
+                "all without the feature, and make sure no stale ROCm component adds its own"
+            )
         if arch:
             return f"{at}: {_arch_advice(arch)}"
         return (
@@ -1234,6 +1358,8 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             )
         if "truncsfbf2" in names:
             need = " (__truncsfbf2 comes from the libgcc of GCC >= 13)"
+        elif "static-assert-false" in names:
+            need = " (a template's static_assert(false, ...) needs GCC >= 13 or Clang >= 17)"
         elif "needs-cxx17" in names or "unknown-std" in names:
             need = f" (the code needs C++{version or '17'} support)"
         elif version:
@@ -1263,6 +1389,14 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
     if category == "cmake_hip_not_found":
         name = pkg or "hip"
         root = f"/opt/rocm-{reading.rocm_version}" if reading.rocm_version else "/opt/rocm"
+        if any(h.signal.name == "cmake-hip-language-root" for h in hits):
+            return (
+                f"{at}: CMake's HIP language support could not find a ROCm root that holds the "
+                f"hip-lang CMake package (it asks the HIP compiler where ROCm is). Point "
+                f"CMAKE_HIP_COMPILER at the clang++ of a full ROCm install "
+                f"({root}/lib/llvm/bin/clang++) and set ROCM_PATH={root}; a "
+                "distro clang or a pip ROCm SDK without the -devel parts does not carry it"
+            )
         return (
             f"{at}: CMake/clang cannot find the {name} package of the ROCm install. Point the "
             f"build at it: ROCM_PATH={root} HIP_PATH={root} CMAKE_PREFIX_PATH={root} (the "
@@ -1270,8 +1404,8 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             "libraries come from the same ROCm when several are installed"
         )
     if category == "missing_library_link":
-        name = lib or "the library"
-        stem = re.sub(r"^lib|\.so.*$", "", name)
+        name = (lib or "the library").rsplit("/", 1)[-1]
+        stem = re.sub(r"^lib|\.(?:so|a)\b.*$", "", name)
         return (
             f"{at}: the linker cannot find lib{stem}. Install the package that ships it "
             f"(for ROCm libraries the {stem}-dev / {stem} package of {rocm}) and add its directory "
@@ -1283,6 +1417,11 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             fix = (
                 "an object or static library was built without -fPIC; rebuild it with -fPIC "
                 "(CMAKE_POSITION_INDEPENDENT_CODE=ON)"
+            )
+        elif "wrong-elf-class" in names:
+            fix = (
+                f"{lib or 'a library'} is built for another ABI (32-bit?) than this 64-bit link; fix "
+                "-L/LIBRARY_PATH/--sysroot so the 64-bit libraries are found first"
             )
         elif "cxx11-abi" in names:
             fix = (
