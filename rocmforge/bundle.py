@@ -32,6 +32,7 @@ from rocmforge import build, git, lock, recipes, sources
 from rocmforge.config import Config
 from rocmforge.console import console
 from rocmforge.errors import UserError
+from rocmforge.wheelhouse import Wheelhouse
 
 WHEELS = "wheels"
 # Distribution names of our packages whose wheel is named otherwise than the package.
@@ -56,11 +57,9 @@ def export(cfg: Config, dest: Path, *, tar: bool = False, index_args: tuple[str,
         checkouts = [sources.prepare(cfg, n) for n in cfg.build_order() if cfg.package(n).source is not None]
         shutil.copy2(lock.lock_path(cfg), staging / lock.LOCK_FILE)
         shutil.copy2(cfg.path, staging / cfg.path.name)
-        requirements: list[str] = []
         for checkout in checkouts:
             _export_source(cfg, checkout, staging)
-            requirements += venv_requirements(cfg, checkout)
-        _download_wheels(cfg, sorted(set(requirements)), staging / WHEELS, index_args)
+            _download_wheels(cfg, checkout, staging / WHEELS, index_args)
         os.replace(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -107,17 +106,19 @@ def _export_source(cfg: Config, checkout: sources.Checkout, staging: Path) -> No
         shutil.copy2(src, staging / "patches" / checkout.package / file)
 
 
-def venv_requirements(cfg: Config, checkout: sources.Checkout) -> list[str]:
-    """What the build venv of ``checkout``'s package installs from an index, asked of its recipe
-    with the context the build will use (:func:`rocmforge.build.build_context`)."""
+def venv_requirements(cfg: Config, checkout: sources.Checkout) -> tuple[list[str], dict[str, Path]]:
+    """What the build venv of ``checkout``'s package installs: the requirements it takes from an
+    index, asked of its recipe with the context the build will use
+    (:func:`rocmforge.build.build_context`), and its dependencies' wheels."""
     pkg = cfg.package(checkout.package)
-    ctx = build.build_context(cfg, pkg.name, checkout, _dependency_wheels(cfg, pkg.name))
-    return build.venv_requirements(recipes.get(pkg.recipe), ctx)
+    deps = _dependency_wheels(cfg, pkg.name)
+    ctx = build.build_context(cfg, pkg.name, checkout, deps)
+    return build.venv_requirements(recipes.get(pkg.recipe), ctx), deps
 
 
 def _dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:
     """The wheelhouse's dependency wheels, as the build will see them; before they are built,
-    the names they will have (what the recipes and the requirement filter look at)."""
+    the names they will have (all the recipes and the requirement filter look at)."""
     try:
         return build.dependency_wheels(cfg, name)
     except UserError:
@@ -126,39 +127,72 @@ def _dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:
 
 
 def _dist_name(cfg: Config, name: str) -> str:
+    """The distribution name of our package ``name``'s wheel, spelled as in a wheel's file name."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
     prebuilt = cfg.package(name).prebuilt
-    if prebuilt is not None:
-        from packaging.requirements import Requirement
-
-        return Requirement(prebuilt.requirement).name
-    return _DIST_NAMES.get(name, name)
+    dist = Requirement(prebuilt.requirement).name if prebuilt is not None else _DIST_NAMES.get(name, name)
+    return canonicalize_name(dist).replace("-", "_")
 
 
-def _download_wheels(cfg: Config, requirements: list[str], wheels: Path, index_args: tuple[str, ...]) -> None:
-    """Wheels of ``requirements`` and their dependencies for the build's Python into ``wheels``.
+def _download_wheels(
+    cfg: Config, checkout: sources.Checkout, wheels: Path, index_args: tuple[str, ...]
+) -> None:
+    """Wheels of everything the package's build venv installs from an index, for the build's Python.
 
-    uv resolves the list, as the build venv does, so the offline venv gets the versions the
-    online one would; pip then downloads exactly those pins (uv has no download command).
+    uv resolves the venv as the build does (the requirements, plus the runtime requirements of
+    the dependency wheels it installs), so the offline venv gets the versions the online one
+    would; pip then downloads exactly those pins (uv has no download command). One resolution
+    per package: two venvs may pin one project differently.
     """
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    name = checkout.package
     wheels.mkdir(parents=True, exist_ok=True)
-    if not requirements:
+    requirements, deps = venv_requirements(cfg, checkout)
+    built = [wheel for wheel in deps.values() if wheel.is_file()]
+    if missing := [dep for dep, wheel in deps.items() if not wheel.is_file()]:
+        console.print(
+            f"{name}: not built yet: {', '.join(missing)}; the export lacks the runtime requirements "
+            f"of those wheels, which {name}'s build venv installs (build them first for a complete export)"
+        )
+    if not requirements and not built:
         return
     version = ".".join(build.python_version(cfg).split(".")[:2])
-    console.print(f"resolving build requirements for Python {version}: {', '.join(requirements)}")
+    console.print(f"{name}: resolving the build venv for Python {version}: {', '.join(requirements)}")
     resolve = [build.uv_binary(), "pip", "compile", "-q", "--no-header", "--no-annotate"]
-    resolve += ["--python-version", version, *index_args, "-"]
-    proc = subprocess.run(resolve, input="\n".join(requirements), capture_output=True, text=True)
+    resolve += ["--python-version", version, *index_args]
+    house = Wheelhouse(cfg.build.wheelhouse)
+    if built:  # as the build venv: our index first, so our projects never come from PyPI
+        resolve += ["--index", house.simple.resolve().as_uri()]
+    paths = [str(wheel) for wheel in built]
+    proc = subprocess.run(
+        [*resolve, "-"], input="\n".join(requirements + paths), capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        raise UserError(f"resolving the build requirements failed: {git.last_line(proc.stderr)}")
-    pins = [line for line in proc.stdout.splitlines() if line and not line.startswith(("#", "-"))]
-    console.print(f"downloading {len(pins)} wheels for Python {version}")
+        raise UserError(f"{name}: resolving the build requirements failed: {git.last_line(proc.stderr)}")
+    ours = {e.project for e in house.entries()}
+    pins = [
+        line
+        for line in proc.stdout.splitlines()
+        if line
+        and not line.startswith(("#", "-"))
+        and line not in paths
+        and canonicalize_name(Requirement(line).name) not in ours
+    ]
+    if not pins:
+        return
     # Wheels only: an sdist would have to be built on the air-gapped machine, needing its own
     # build requirements there.
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
     cmd += ["--python-version", version, "--dest", str(wheels), *index_args, *pins]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise UserError(f"pip download of the build requirements failed: {git.last_line(proc.stderr)}")
+        raise UserError(
+            f"{name}: pip download of the build requirements failed: {git.last_line(proc.stderr)}"
+        )
 
 
 def offline_index_args(environ=None) -> list[str]:

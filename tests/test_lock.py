@@ -203,6 +203,37 @@ def _network_cut() -> list[str]:
     return []  # no user namespaces here: the variables below still forbid every index and cache
 
 
+def _offline_nox(config: Path, export: Path, *sessions: str) -> subprocess.CompletedProcess:
+    """The real nox sessions as on the air-gapped machine: building from ``export`` with empty pip
+    and uv caches, every index refused, and (where the kernel lets us) no network at all."""
+    empty = config.parent / "empty-caches"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env.update(
+        ROCMFORGE_CONFIG=str(config),
+        ROCMFORGE_OFFLINE_BUNDLE=str(export),
+        PIP_NO_INDEX="1",
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_CACHE_DIR=str(empty / "pip"),
+        UV_OFFLINE="1",
+        UV_NO_CONFIG="1",
+        UV_CACHE_DIR=str(empty / "uv"),
+    )
+    for var in ("PYTORCH_ROCM_ARCH", "MAX_JOBS"):
+        env.pop(var, None)
+    noxfile = Path(__file__).resolve().parents[1] / "noxfile.py"
+    argv = [*_network_cut(), sys.executable, "-m", "nox", "-f", str(noxfile), "-s", *sessions]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _record(house: Wheelhouse, project: str) -> tuple[Path, dict]:
+    (entry,) = house.find(project)
+    return entry.path, json.loads(read_member(entry.path, "rocmforge.json"))
+
+
+def _wheel_projects(directory: Path) -> set[str]:
+    return {p.name.split("-")[0].lower() for p in directory.glob("*.whl")}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc (apt install hipcc)")
 def test_the_stack_builds_from_its_export_with_the_network_cut(tmp_path):
@@ -214,48 +245,71 @@ def test_the_stack_builds_from_its_export_with_the_network_cut(tmp_path):
     online = nox(config, "pytorch")
     assert online.returncode == 0, online.stderr[-3000:]
     house = Wheelhouse(tmp_path / "out" / "wheelhouse")
-    (built,) = house.find("torch")
-    online_wheel = built.path.read_bytes()
-    online_record = json.loads(read_member(built.path, "rocmforge.json"))
+    built, online_record = _record(house, "torch")
+    online_wheel = built.read_bytes()
     dest = tmp_path / "export"
     exported = nox(config, "export", "--", str(dest))
     assert exported.returncode == 0, exported.stderr[-3000:]
-    downloaded = {p.name.split("-")[0].lower() for p in (dest / "wheels").glob("*.whl")}
-    assert {"build", "setuptools", "wheel", "packaging", "pyproject_hooks"} <= downloaded
+    assert {"build", "setuptools", "wheel", "packaging", "pyproject_hooks"} <= _wheel_projects(
+        dest / "wheels"
+    )
 
-    # The air-gapped machine: same layout, but no upstream, no cache, no checkout, no wheelhouse,
-    # empty pip and uv caches, every index refused, and (where the kernel lets us) no network.
+    # The air-gapped machine: same layout, but no upstream, no cache, no checkout, no wheelhouse.
     (tmp_path / "repos").rename(tmp_path / "repos-gone")
     for made in ("cache", "out"):
         shutil.rmtree(tmp_path / made)
-    empty = tmp_path / "empty-caches"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    env.update(
-        ROCMFORGE_CONFIG=str(config),
-        ROCMFORGE_OFFLINE_BUNDLE=str(dest),
-        PIP_NO_INDEX="1",
-        PIP_CONFIG_FILE=os.devnull,
-        PIP_CACHE_DIR=str(empty / "pip"),
-        UV_OFFLINE="1",
-        UV_NO_CONFIG="1",
-        UV_CACHE_DIR=str(empty / "uv"),
-    )
-    for var in ("PYTORCH_ROCM_ARCH", "MAX_JOBS"):
-        env.pop(var, None)
-    noxfile = Path(__file__).resolve().parents[1] / "noxfile.py"
-    offline = subprocess.run(
-        [*_network_cut(), sys.executable, "-m", "nox", "-f", str(noxfile), "-s", "pytorch"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    offline = _offline_nox(config, dest, "pytorch")
     assert offline.returncode == 0, offline.stderr[-3000:]
-    (rebuilt,) = house.find("torch")
-    assert rebuilt.path.name == built.path.name
-    record = json.loads(read_member(rebuilt.path, "rocmforge.json"))
+    rebuilt, record = _record(house, "torch")
+    assert rebuilt.name == built.name
     assert record["fingerprint"] == online_record["fingerprint"]
     assert {**record, "built_at": None} == {**online_record, "built_at": None}
     venv = tmp_path / "out" / "pytorch" / "venv"
     assert list(venv.glob("lib/python*/site-packages/build/__init__.py"))  # from the export's wheels
-    print(f"offline wheel byte-identical to the online one: {rebuilt.path.read_bytes() == online_wheel}")
+    print(f"offline wheel byte-identical to the online one: {rebuilt.read_bytes() == online_wheel}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc (apt install hipcc)")
+def test_the_runtime_requirements_of_a_dependency_wheel_are_exported(tmp_path):
+    """A build venv installs its dependencies' wheels, and with them what they require (vLLM's
+    gets torch and torch's requirements): those come from the export too."""
+    from test_build import nox, write_config
+
+    vendor, project = tmp_path / "vendor", tmp_path / "tinyvendor"
+    (project / "tinyvendor").mkdir(parents=True)
+    (project / "tinyvendor" / "__init__.py").write_text("")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "tinyvendor"\nversion = "3.1"\ndependencies = ["six"]\n'
+    )
+    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(vendor), str(project)], check=True)
+    config = write_config(tmp_path, patched=True)
+    text = config.read_text().replace(
+        "[packages.patchme]\n", '[packages.patchme]\ndepends = ["tinyvendor"]\n'
+    )
+    config.write_text(
+        text + f'\n[packages.tinyvendor.prebuilt]\nrequirement = "tinyvendor==3.1"\nindex = "{vendor}"\n'
+    )
+    before = nox(config, "export", "--", str(tmp_path / "early"))  # tinyvendor not in the wheelhouse yet
+    assert before.returncode == 0, before.stderr[-3000:]
+    assert "patchme: not built yet: tinyvendor; the export lacks the runtime requirements" in before.stderr
+    assert "six" not in _wheel_projects(tmp_path / "early" / "wheels")
+    online = nox(config, "tinyvendor", "patchme")
+    assert online.returncode == 0, online.stderr[-3000:]
+    house = Wheelhouse(tmp_path / "out" / "wheelhouse")
+    _built, online_record = _record(house, "patchme")
+    dest = tmp_path / "export"
+    exported = nox(config, "export", "--", str(dest))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "six" in _wheel_projects(dest / "wheels") and "tinyvendor" not in _wheel_projects(dest / "wheels")
+
+    # Air-gapped, with tinyvendor's wheel carried in the wheelhouse (prebuilt wheels are not exported).
+    (tmp_path / "repos").rename(tmp_path / "repos-gone")
+    for made in ("cache", "out/third_party", "out/patchme"):
+        shutil.rmtree(tmp_path / made)
+    offline = _offline_nox(config, dest, "patchme")
+    assert offline.returncode == 0, offline.stderr[-3000:]
+    _rebuilt, record = _record(house, "patchme")
+    assert {**record, "built_at": None} == {**online_record, "built_at": None}
+    assert list((tmp_path / "out/patchme/venv").glob("lib/python*/site-packages/six.py"))
