@@ -8,12 +8,14 @@ checked per bundle, not per file. What is read:
   (``__CLANG_OFFLOAD_BUNDLE__``) or compressed (``CCOB`` v1-v3, zlib or zstd); ``-fgpu-rdc``
   objects' ``__CLANG_OFFLOAD_BUNDLE__<target>`` sections; CUDA ``.nv_fatbin`` sections;
 - bare AMDGPU code objects (``e_machine`` EM_AMDGPU), their target taken from ``e_flags``;
-- static archives (``.a``) member by member; wheels and other zips member by member, in
-  memory; directories recursively.
+- static archives (``.a``) member by member; wheels and other zips member by member,
+  nothing extracted; directories recursively.
 
 Files are memory-mapped and only headers are decoded: a compressed bundle is decompressed
 as a stream and abandoned as soon as its entry table is complete, because the CCOB header
-itself holds no target names.
+itself holds no target names. A stored wheel member is scanned in place in the mapped
+wheel; a deflated one is inflated ``STREAM_CHUNK`` bytes at a time into the same scanner,
+so memory stays bounded whatever the member's size.
 
 JSON contract (other tools read it; keep it stable, add keys only)::
 
@@ -24,6 +26,7 @@ JSON contract (other tools read it; keep it stable, add keys only)::
 from __future__ import annotations
 
 import argparse
+import bisect
 import itertools
 import json
 import mmap
@@ -33,8 +36,8 @@ import struct
 import sys
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import zstandard
@@ -56,7 +59,10 @@ EM_CUDA = 190
 # v3: u64 total size, u64 uncompressed size; all followed by a u64 truncated MD5.
 _CCOB_HEADER = {1: 20, 2: 24, 3: 32}
 _CCOB_METHODS = {0: "zlib", 1: "zstd"}  # llvm::compression::Format
-_READ_SLICE = 16 << 20  # wheel members are inflated into memory this much at a time
+# A deflated wheel member is inflated this much at a time (tests shrink it to cross chunk
+# boundaries); memory stays near this, whatever the member's size.
+STREAM_CHUNK = 2 << 20
+_COMPRESSED_FEED = 64 << 10  # compressed bytes per zlib call; a checkpoint keeps what is unused
 _CCOB_FEED = 4096  # compressed bytes fed per step while waiting for a complete entry table
 
 # EF_AMDGPU_MACH values (LLVM AMDGPUUsage, "AMDGPU ELF Header" table).
@@ -241,25 +247,41 @@ def parse_required(text: str, *, key: str = "--require") -> tuple[str, ...]:
 # ------------------------------------------------------------------------ bundle decoding
 
 
+class _Truncated(Exception):
+    """A decoder needs bytes that the window it was given does not hold yet (streams only)."""
+
+
+def _need(buf, pos: int, n: int, end: int) -> bool:
+    """Whether ``n`` bytes at ``pos`` lie inside the object, which ends at ``end``.
+
+    Raises _Truncated when they do but ``buf`` (a window on a stream) ends first: the scanner
+    then appends the next chunk and decodes again, so no header is lost at a chunk boundary.
+    """
+    if pos + n > end:
+        return False
+    if pos + n > len(buf):
+        raise _Truncated
+    return True
+
+
 def _parse_entry_table(buf, start: int, end: int) -> tuple[tuple[str, ...], int] | None:
     """Entry IDs and total size of the uncompressed bundle at ``start``; None if not one.
 
-    Returns ``None`` also when ``buf`` ends before the table does (a caller decoding a stream
-    then feeds more). Offsets are relative to ``start`` and must lie inside ``[start, end)``.
+    Offsets are relative to ``start`` and must lie inside ``[start, end)``.
     """
     head = start + len(BUNDLE_MAGIC)
-    if head + 8 > end:
+    if not _need(buf, head, 8, end):
         return None
     (count,) = struct.unpack_from("<Q", buf, head)
     if not 0 < count <= 4096:
         return None
     pos, entries, extent = head + 8, [], 0
     for _ in range(count):
-        if pos + 24 > end:
+        if not _need(buf, pos, 24, end):
             return None
         offset, size, id_len = struct.unpack_from("<QQQ", buf, pos)
         pos += 24
-        if id_len > 1024 or pos + id_len > end:
+        if id_len > 1024 or not _need(buf, pos, id_len, end):
             return None
         try:
             entries.append(bytes(buf[pos : pos + id_len]).decode("ascii"))
@@ -284,13 +306,13 @@ def _ccob_at(buf, start: int, end: int) -> tuple[Bundle, int] | None:
     The entry table sits at the start of the compressed payload, so decompression stops as
     soon as it is complete; the payload behind it (the code objects) is never inflated.
     """
-    if start + 8 > end:
+    if not _need(buf, start, 8, end):
         return None
     version, method = struct.unpack_from("<HH", buf, start + 4)
     if version not in _CCOB_HEADER or method not in _CCOB_METHODS:
         return None
     header = _CCOB_HEADER[version]
-    if start + header > end:
+    if not _need(buf, start, header, end):
         return None
     if version == 1:
         total = end - start  # v1 does not record its size: the stream ends where it ends
@@ -307,13 +329,20 @@ def _ccob_at(buf, start: int, end: int) -> tuple[Bundle, int] | None:
     pos = start + header
     try:
         while pos < payload_end:
-            out += inflater.decompress(bytes(buf[pos : min(pos + _CCOB_FEED, payload_end)]))
-            pos += _CCOB_FEED
+            stop = min(pos + _CCOB_FEED, payload_end)
+            _need(buf, pos, stop - pos, end)
+            out += inflater.decompress(bytes(buf[pos:stop]))
+            pos = stop
             if len(out) >= len(BUNDLE_MAGIC):
                 if not out.startswith(BUNDLE_MAGIC):
                     return None
-                parsed = _parse_entry_table(out, 0, len(out))
-                if parsed is not None:
+                try:
+                    parsed = _parse_entry_table(out, 0, sys.maxsize)
+                except _Truncated:  # the table goes on in compressed bytes not fed yet
+                    parsed = None
+                else:
+                    if parsed is None:
+                        return None
                     fmt = f"ccob-v{version}-{_CCOB_METHODS[method]}"
                     return Bundle(start, fmt, parsed[0]), (total if version > 1 else header)
             if getattr(inflater, "eof", False):
@@ -323,26 +352,99 @@ def _ccob_at(buf, start: int, end: int) -> tuple[Bundle, int] | None:
     return None
 
 
-def find_bundles(buf, start: int = 0, end: int | None = None, *, skip=()) -> list[Bundle]:
-    """Every uncompressed and compressed offload bundle in ``buf[start:end]``, in file order.
+def _fatbin_at(buf, start: int, end: int) -> tuple[Bundle, int] | None:
+    """The CUDA fat binary at ``start`` (one per translation unit): its entries and size."""
+    if not _need(buf, start, 16, end):
+        return None
+    header_size, fat_size = struct.unpack_from("<HQ", buf, start + 6)
+    stop = min(start + header_size + fat_size, end)
+    entries, p = [], start + header_size
+    while _need(buf, p, 32, stop):
+        kind, entry_header, payload = struct.unpack_from("<HxxIQ", buf, p)
+        (sm,) = struct.unpack_from("<I", buf, p + 28)
+        # kind 1 is PTX (JIT-compiled on the device), 2 is an ELF cubin (SASS)
+        entries.append(f"cuda-nvptx64-nvidia-cuda--{'compute' if kind == 1 else 'sm'}_{sm}")
+        if entry_header == 0:
+            break
+        p += entry_header + payload
+    return Bundle(start, "nv_fatbin", tuple(entries)), stop - start
 
-    ``skip`` lists ``(start, end)`` ranges that cannot hold a bundle (machine code, symbol
-    tables); leaving them out is what keeps a 1 GB library fast. A magic string that is not
-    followed by a valid header (text that mentions it, a stray ``CCOB``) is passed over.
+
+_Decoder = Callable[[object, int, int], "tuple[Bundle, int] | None"]
+_OFFLOAD = ((BUNDLE_MAGIC, _bundle_at), (CCOB_MAGIC, _ccob_at))
+_FATBIN = ((FATBIN_MAGIC, _fatbin_at),)
+
+
+def _scan(
+    windows: Generator[tuple[int, bytes], int | None, None],
+    lo: int,
+    hi: int,
+    end: int,
+    decoders: tuple[tuple[bytes, _Decoder], ...],
+) -> list[Bundle]:
+    """The one scanner: every unit whose magic starts in ``[lo, hi)``, decoded, in order.
+
+    ``windows`` yields ``(offset, bytes)`` pieces of one object, in order and contiguous: a
+    mapped file is one window holding everything (scanned in place); a deflated wheel member
+    arrives a chunk at a time. Decoders may read up to ``end``; one that needs bytes the
+    window lacks gets the next chunk appended and runs again (a compressed bundle's entry
+    table may lie past the chunk its header is in). A magic string that is not followed by
+    a valid header (text that mentions it, a stray ``CCOB``) is passed over; a decoded unit
+    is jumped over.
     """
-    end = len(buf) if end is None else end
+    base, buf = next(windows)
+    cut = max(len(m) for m, _ in decoders) - 1  # a magic may straddle a window's end
     found: list[Bundle] = []
-    for lo, hi in _complement(start, end, skip):
-        for magic, decode in ((BUNDLE_MAGIC, _bundle_at), (CCOB_MAGIC, _ccob_at)):
-            pos = lo
-            while (hit := buf.find(magic, pos, hi)) >= 0:
-                decoded = decode(buf, hit, end)
-                if decoded is None:
-                    pos = hit + 1
+    hits: dict[bytes, tuple[int, int]] = {}  # magic -> (next hit or -1, searched up to)
+    pos = lo
+    while True:
+        limit = min(hi, base + len(buf))
+        for magic, _ in decoders:
+            hit, upto = hits.get(magic, (-1, -1))
+            if hit < pos and (hit >= 0 or upto != limit):
+                at = buf.find(magic, max(pos - base, 0), limit - base)
+                hits[magic] = (at + base if at >= 0 else -1, limit)
+        ready = [(hits[m][0], decode) for m, decode in decoders if hits[m][0] >= 0]
+        if ready:
+            hit, decode = min(ready, key=lambda r: r[0])
+            try:
+                decoded = decode(buf, hit - base, end - base)
+            except _Truncated:
+                more = next(windows, None)
+                if more is not None:
+                    buf = bytes(buf) + more[1]
                     continue
-                found.append(decoded[0])
-                pos = hit + max(decoded[1], 1)
-    return sorted(found, key=lambda b: b.offset)
+                decoded = None
+            if decoded is None:
+                pos = hit + 1
+            else:
+                unit, size = decoded
+                found.append(replace(unit, offset=unit.offset + base))
+                pos = hit + max(size, 1)
+            continue
+        if limit >= hi:
+            return found
+        slid = _slide(windows, base, buf, max(pos, base + len(buf) - cut))
+        if slid is None:
+            return found
+        base, buf = slid
+
+
+def _slide(windows, base: int, buf, keep: int) -> tuple[int, bytes] | None:
+    """The next window, starting at offset ``keep`` (the unscanned tail of ``buf`` included).
+
+    ``keep`` is sent to the window source: past a decoded unit, a stream resumes at the last
+    checkpoint before it instead of inflating the whole unit again.
+    """
+    try:
+        start, data = windows.send(keep)
+        while start + len(data) <= keep:
+            start, data = next(windows)
+    except StopIteration:
+        return None
+    if keep < start:
+        return keep, bytes(buf[keep - base :]) + data
+    return keep, data[keep - start :]
 
 
 def _complement(start: int, end: int, skip) -> Iterator[tuple[int, int]]:
@@ -354,6 +456,97 @@ def _complement(start: int, end: int, skip) -> Iterator[tuple[int, int]]:
         pos = max(pos, hi)
     if pos < end:
         yield pos, end
+
+
+# ------------------------------------------------------------------------------ sources
+
+
+class _Mapped:
+    """A file, or a wheel member stored without compression, mapped: scanned in place."""
+
+    def __init__(self, buf, origin: int = 0, size: int | None = None):
+        self.buf, self.origin = buf, origin
+        self.size = len(buf) - origin if size is None else size
+
+    def read(self, lo: int, hi: int) -> bytes:
+        """Bytes ``[lo, hi)`` of the object (fewer at its end)."""
+        return bytes(self.buf[self.origin + lo : self.origin + min(hi, self.size)])
+
+    def windows(self, lo: int) -> Generator[tuple[int, bytes], int | None, None]:
+        """One window: the whole mapping, positioned so that object offsets index it."""
+        yield -self.origin, self.buf
+
+
+class _Inflated:
+    """A deflated wheel member, inflated ``STREAM_CHUNK`` bytes at a time, never whole.
+
+    Each chunk boundary passed is a checkpoint (a copy of the zlib state, some 40 KB), so
+    going back (to the section names after the section table at the end, to each data
+    section) re-inflates from the checkpoint before the wanted offset, not from the start.
+    """
+
+    def __init__(self, fd: int, start: int, compressed_size: int, size: int):
+        # Compressed bytes are read with pread, not through a mapping of the wheel: mapped
+        # pages would stay resident (and counted) for the whole member.
+        self._fd, self._stop, self.size = fd, start + compressed_size, size
+        self._step = STREAM_CHUNK
+        # (output offset, compressed offset consumed, zlib state)
+        self._marks = [(0, start, zlib.decompressobj(-zlib.MAX_WBITS))]
+        self._restore(self._marks[0])
+
+    def _restore(self, mark) -> None:
+        self._out, self._in, state = mark
+        self._inflater, self._tail = state.copy(), b""
+
+    def _chunk(self) -> bytes:
+        """Output up to the next chunk boundary; b"" at the end of the member."""
+        if self._out % self._step == 0 and self._out > self._marks[-1][0]:
+            self._marks.append((self._out, self._in - len(self._tail), self._inflater.copy()))
+        pieces, want = [], self._step - self._out % self._step
+        while want and not self._inflater.eof:
+            if not self._tail:
+                if self._in >= self._stop:
+                    raise zlib.error("compressed data ends before the member does")
+                self._tail = os.pread(self._fd, min(_COMPRESSED_FEED, self._stop - self._in), self._in)
+                if not self._tail:
+                    raise zlib.error("the wheel ends inside a member")
+                self._in += len(self._tail)
+            piece = self._inflater.decompress(self._tail, want)
+            self._tail = self._inflater.unconsumed_tail
+            pieces.append(piece)
+            want -= len(piece)
+        data = b"".join(pieces)
+        self._out += len(data)
+        return data
+
+    def windows(self, lo: int) -> Generator[tuple[int, bytes], int | None, None]:
+        """Chunks from the one holding offset ``lo`` to the end of the member.
+
+        Sending an offset moves ``lo`` ahead: chunks before it are not yielded, and are not
+        inflated at all when a checkpoint lies between.
+        """
+        self._seek(lo)
+        while data := self._chunk():
+            if self._out > lo:
+                ahead = yield self._out - len(data), data
+                if ahead is not None and ahead > lo:
+                    lo = ahead
+                    self._seek(lo)
+
+    def _seek(self, lo: int) -> None:
+        """Resume at the checkpoint before ``lo``, unless the current position is nearer."""
+        mark = self._marks[bisect.bisect_right([m[0] for m in self._marks], lo) - 1]
+        if not mark[0] <= self._out <= lo:
+            self._restore(mark)
+
+    def read(self, lo: int, hi: int) -> bytes:
+        """Bytes ``[lo, hi)`` of the member (fewer at its end)."""
+        pieces = []
+        for start, data in self.windows(lo):
+            pieces.append(data[max(lo - start, 0) : hi - start])
+            if start + len(data) >= hi:
+                break
+        return b"".join(pieces)
 
 
 # ------------------------------------------------------------------------------ ELF files
@@ -368,28 +561,27 @@ class _Section:
     type: int
 
 
-def _elf_sections(buf, base: int, end: int) -> list[_Section]:
+def _elf_sections(src, base: int, end: int) -> list[_Section]:
     """Section headers of the 64-bit little-endian ELF at ``base`` (empty if unreadable)."""
-    if buf[base + 4] != 2 or buf[base + 5] != 1 or base + 64 > end:
+    header = src.read(base, base + 64)
+    if len(header) < 64 or header[4] != 2 or header[5] != 1:
         return []
-    shoff, shentsize, shnum, shstrndx = (
-        struct.unpack_from("<Q", buf, base + 0x28)[0],
-        *struct.unpack_from("<HHH", buf, base + 0x3A),
-    )
+    (shoff,) = struct.unpack_from("<Q", header, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", header, 0x3A)
     if not shoff or shentsize < 64 or base + shoff + shnum * shentsize > end or shstrndx >= shnum:
         return []
+    table = src.read(base + shoff, base + shoff + shnum * shentsize)
     raw = []
     for i in range(shnum):
-        h = base + shoff + i * shentsize
-        name, sh_type, flags = struct.unpack_from("<IIQ", buf, h)
-        offset, size = struct.unpack_from("<QQ", buf, h + 0x18)
+        name, sh_type, flags = struct.unpack_from("<IIQ", table, i * shentsize)
+        offset, size = struct.unpack_from("<QQ", table, i * shentsize + 0x18)
         raw.append((name, sh_type, flags, offset, size))
     strtab_off, strtab_size = raw[shstrndx][3], raw[shstrndx][4]
+    names = src.read(base + strtab_off, min(base + strtab_off + strtab_size, end))
     sections = []
     for name, sh_type, flags, offset, size in raw:
-        s = base + strtab_off + name
-        stop = buf.find(b"\0", s, base + strtab_off + strtab_size)
-        text = bytes(buf[s:stop]).decode("ascii", "replace") if stop >= 0 else ""
+        stop = names.find(b"\0", name)
+        text = names[name:stop].decode("ascii", "replace") if stop >= 0 else ""
         holds_data = (
             sh_type not in _NO_DATA_TYPES
             and not flags & _SHF_EXECINSTR
@@ -400,12 +592,12 @@ def _elf_sections(buf, base: int, end: int) -> list[_Section]:
     return sections
 
 
-def _amdgpu_target(buf, base: int) -> str:
+def _amdgpu_target(header: bytes) -> str:
     """The target ID a bare AMDGPU code object was built for, from its ELF header flags."""
-    (flags,) = struct.unpack_from("<I", buf, base + 0x30)
+    (flags,) = struct.unpack_from("<I", header, 0x30)
     name = _AMDGPU_MACH.get(flags & 0xFF, f"gfx-unknown-mach-{flags & 0xFF:#x}")
     features = {}
-    if buf[base + 8] == _ELFABIVERSION_AMDGPU_HSA_V3:
+    if header[8] == _ELFABIVERSION_AMDGPU_HSA_V3:
         if flags & 0x200:
             features["sramecc"] = True
         if flags & 0x100:
@@ -418,43 +610,28 @@ def _amdgpu_target(buf, base: int) -> str:
     return str(TargetID(name, **features))
 
 
-def _fatbins(buf, section: _Section) -> Iterator[Bundle]:
-    """CUDA fat binaries in a ``.nv_fatbin`` section: one per translation unit."""
-    pos, end = section.offset, section.offset + section.size
-    while (hit := buf.find(FATBIN_MAGIC, pos, end)) >= 0:
-        header_size, fat_size = struct.unpack_from("<HQ", buf, hit + 6)
-        stop = min(hit + header_size + fat_size, end)
-        entries, p = [], hit + header_size
-        while p + 32 <= stop:
-            kind, entry_header, payload = struct.unpack_from("<HxxIQ", buf, p)
-            (sm,) = struct.unpack_from("<I", buf, p + 28)
-            # kind 1 is PTX (JIT-compiled on the device), 2 is an ELF cubin (SASS)
-            entries.append(f"cuda-nvptx64-nvidia-cuda--{'compute' if kind == 1 else 'sm'}_{sm}")
-            if entry_header == 0:
-                break
-            p += entry_header + payload
-        yield Bundle(hit, "nv_fatbin", tuple(entries))
-        pos = max(stop, hit + 1)
-
-
-def inspect_elf(buf, base: int = 0, end: int | None = None) -> list[Bundle]:
-    """The GPU units of the ELF file at ``buf[base:end]``: bundles, code object or fatbins."""
-    end = len(buf) if end is None else end
-    (machine,) = struct.unpack_from("<H", buf, base + 18)
+def _elf_units(src, base: int, end: int) -> list[Bundle]:
+    """The GPU units of the ELF object at ``[base, end)`` of ``src``: bundles, code object or fatbins."""
+    header = src.read(base, base + 64)
+    if len(header) < 64:
+        return []
+    (machine,) = struct.unpack_from("<H", header, 18)
     if machine == EM_AMDGPU:
-        target = _amdgpu_target(buf, base)
-        return [Bundle(base, "code-object", (f"hipv4-amdgcn-amd-amdhsa--{target}",))]
-    sections = _elf_sections(buf, base, end)
+        return [Bundle(base, "code-object", (f"hipv4-amdgcn-amd-amdhsa--{_amdgpu_target(header)}",))]
+    sections = _elf_sections(src, base, end)
     skip = [(s.offset, s.offset + s.size) for s in sections if not s.holds_data]
-    bundles = find_bundles(buf, base, end, skip=skip)
+    units = [
+        u for lo, hi in _complement(base, end, skip) for u in _scan(src.windows(lo), lo, hi, end, _OFFLOAD)
+    ]
     prefix = BUNDLE_MAGIC.decode()
     rdc = [s.name[len(prefix) :] for s in sections if s.name.startswith(prefix)]
     if rdc:  # -fgpu-rdc: one section of device bitcode per target instead of a bundle
-        bundles.append(Bundle(base, "rdc-sections", tuple(rdc)))
+        units.append(Bundle(base, "rdc-sections", tuple(rdc)))
     for s in sections:
         if s.name == ".nv_fatbin":
-            bundles.extend(_fatbins(buf, s))
-    return sorted(bundles, key=lambda b: b.offset)
+            stop = s.offset + s.size
+            units.extend(_scan(src.windows(s.offset), s.offset, stop, stop, _FATBIN))
+    return sorted(units, key=lambda b: b.offset)
 
 
 def elf_dependencies(path: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
@@ -467,7 +644,7 @@ def elf_dependencies(path: str | os.PathLike[str]) -> tuple[list[str], list[str]
             return [], []
         buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     with buf:
-        sections = _elf_sections(buf, 0, len(buf))
+        sections = _elf_sections(_Mapped(buf), 0, len(buf))
         dynamic = next((s for s in sections if s.type == _SHT_DYNAMIC), None)
         strtab = next((s for s in sections if s.name == ".dynstr"), None)
         if dynamic is None or strtab is None:
@@ -490,11 +667,11 @@ def elf_dependencies(path: str | os.PathLike[str]) -> tuple[list[str], list[str]
 # -------------------------------------------------------------------------- containers
 
 
-def _archive_members(buf, start: int, end: int) -> Iterator[tuple[str, int, int]]:
-    """(name, start, end) of each member of the ``ar`` archive at ``buf[start:end]``."""
+def _archive_members(src, start: int, end: int) -> Iterator[tuple[str, int, int]]:
+    """(name, start, end) of each member of the ``ar`` archive at ``[start, end)`` of ``src``."""
     pos, long_names = start + len(AR_MAGIC), b""
     while pos + 60 <= end:
-        header = bytes(buf[pos : pos + 60])
+        header = src.read(pos, pos + 60)
         name = header[:16].decode("ascii", "replace").rstrip()
         try:
             size = int(header[48:58].decode("ascii").strip() or 0)
@@ -502,7 +679,7 @@ def _archive_members(buf, start: int, end: int) -> Iterator[tuple[str, int, int]
             return
         data = pos + 60
         if name == "//":
-            long_names = bytes(buf[data : data + size])
+            long_names = src.read(data, data + size)
         elif name not in ("/", "/SYM64/", "__.SYMDEF"):
             if name.startswith("/") and name[1:].isdigit():
                 idx = int(name[1:])
@@ -511,32 +688,30 @@ def _archive_members(buf, start: int, end: int) -> Iterator[tuple[str, int, int]
         pos = data + size + (size & 1)
 
 
-def _report_buffer(buf, path: str, member: str | None, start: int, end: int) -> Iterator[FileReport]:
-    head = bytes(buf[start : start + 8])
+def _report(src, path: str, member: str | None, start: int, end: int) -> Iterator[FileReport]:
+    head = src.read(start, start + 8)
     if head.startswith(ELF_MAGIC):
-        yield FileReport(path, member, tuple(inspect_elf(buf, start, end)))
+        yield FileReport(path, member, tuple(_elf_units(src, start, end)))
     elif head.startswith(AR_MAGIC):
-        for name, s, e in _archive_members(buf, start, end):
-            yield from _report_buffer(buf, path, f"{member or Path(path).name}({name})", s, e)
+        for name, s, e in _archive_members(src, start, end):
+            yield from _report(src, path, f"{member or Path(path).name}({name})", s, e)
     elif head.startswith((BUNDLE_MAGIC, CCOB_MAGIC)):
-        yield FileReport(path, member, tuple(find_bundles(buf, start, end)))
+        yield FileReport(path, member, tuple(_scan(src.windows(start), start, end, end, _OFFLOAD)))
 
 
-def _read_member(fh, head: bytes, size: int) -> bytearray:
-    """The rest of an open zip member into one buffer: in memory, never on disk.
-
-    Filled in slices, so a 1 GB library needs 1 GB, not the 2 GB of ``read()``'s join.
-    """
-    data = bytearray(size)
-    data[: len(head)] = head
-    view, pos = memoryview(data), len(head)
-    while pos < size:
-        n = fh.readinto(view[pos : min(pos + _READ_SLICE, size)])
-        if not n:
-            raise EOFError(f"member ends after {pos} of {size} bytes")
-        pos += n
-    view.release()
-    return data
+def _member_source(wheel: mmap.mmap, fd: int, info: zipfile.ZipInfo) -> _Mapped | _Inflated:
+    """A zip member read where it lies: mapped if stored, inflated chunk by chunk if deflated."""
+    if info.flag_bits & 1:
+        raise UserError(f"cannot read {info.filename}: it is encrypted")
+    sig, name_len, extra_len = struct.unpack_from("<4s22xHH", wheel, info.header_offset)
+    start = info.header_offset + 30 + name_len + extra_len
+    if sig != ZIP_MAGIC or start + info.compress_size > len(wheel):
+        raise zipfile.BadZipFile("local header or data out of place")
+    if info.compress_type == zipfile.ZIP_STORED:
+        return _Mapped(wheel, start, info.file_size)
+    if info.compress_type == zipfile.ZIP_DEFLATED:
+        return _Inflated(fd, start, info.compress_size, info.file_size)
+    raise zipfile.BadZipFile(f"compression method {info.compress_type}; wheels use stored or deflated")
 
 
 def _report_zip(path: Path) -> Iterator[FileReport]:
@@ -544,19 +719,18 @@ def _report_zip(path: Path) -> Iterator[FileReport]:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
         raise UserError(f"cannot read {path} as a wheel/zip: {exc}") from None
-    with archive:
+    with archive, open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as wheel:
         for info in archive.infolist():
             if info.is_dir() or info.file_size < 64:
                 continue
             try:
-                with archive.open(info) as fh:
-                    head = fh.read(8)  # inflates only the first bytes of a member we skip
-                    if not head.startswith((ELF_MAGIC, AR_MAGIC, BUNDLE_MAGIC, CCOB_MAGIC)):
+                with archive.open(info) as member:  # inflates only the first bytes of a member we skip
+                    if not member.read(8).startswith((ELF_MAGIC, AR_MAGIC, BUNDLE_MAGIC, CCOB_MAGIC)):
                         continue
-                    data = _read_member(fh, head, info.file_size)
+                src = _member_source(wheel, fh.fileno(), info)
+                yield from _report(src, str(path), info.filename, 0, info.file_size)
             except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
                 raise UserError(f"cannot read {info.filename} in {path}: {exc}") from None
-            yield from _report_buffer(data, str(path), info.filename, 0, len(data))
 
 
 def _report_file(path: Path, *, explicit: bool) -> Iterator[FileReport]:
@@ -578,10 +752,11 @@ def _report_file(path: Path, *, explicit: bool) -> Iterator[FileReport]:
                 yield FileReport(str(path), None)
                 return
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                src = _Mapped(buf)
                 if known:
-                    yield from _report_buffer(buf, str(path), None, 0, size)
+                    yield from _report(src, str(path), None, 0, size)
                 else:  # a raw blob named on the command line: look for bundles anywhere
-                    yield FileReport(str(path), None, tuple(find_bundles(buf)))
+                    yield FileReport(str(path), None, tuple(_scan(src.windows(0), 0, size, size, _OFFLOAD)))
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
 
