@@ -197,6 +197,61 @@ def test_hipcc_wheel_cli_contract(tmp_path):
     assert table.returncode == 1 and "gfx90a" in table.stderr
 
 
+def _where_free(fr: inspect.FileReport) -> dict:
+    """A report without the file it was read from (a wheel or the object on disk)."""
+    return {k: v for k, v in fr.to_json().items() if k not in ("path", "member")}
+
+
+def test_wheel_members_read_like_files_across_chunk_boundaries(built, tmp_path, monkeypatch):
+    # Every kind of object, on disk and inside a wheel (stored: scanned in place; deflated:
+    # inflated a chunk at a time): the JSON must be the same. Chunks of 61 bytes cut every
+    # compressed entry table; 4100-byte chunks cut the magic of every bundle that the linker
+    # aligned to 4096 (at 4096, 8192, ...: the first 4 bytes in one chunk, the rest in the next).
+    a = clang_hip(tmp_path / "a.o", ["gfx90a", "gfx942"], kernel="k_a", shared=False)
+    b = clang_hip(tmp_path / "b.o", ["gfx90a"], kernel="k_b", shared=False)
+    two = tmp_path / "two.so"
+    subprocess.run([need("clang++-22"), "-shared", str(a), str(b), "-o", str(two)], check=True)
+    lib = tmp_path / "libk.a"
+    subprocess.run([need("llvm-ar-22"), "rcs", str(lib), str(a), str(b)], check=True)
+    v3 = built["v3"].read_bytes()
+    inner = zstandard.ZstdDecompressor().decompressobj().decompress(v3[v3.index(b"CCOB") + 32 :])
+    ccob = {}
+    for version in (1, 2):
+        ccob[version] = tmp_path / f"k.ccob{version}"
+        ccob[version].write_bytes(_recompress(inner, version, 0))
+    objects = [
+        *built.values(),
+        hipcc(tmp_path / "libhip.so", ["gfx908", "gfx90a"]),
+        two,
+        lib,
+        clang_hip(tmp_path / "rdc.o", ["gfx90a", "gfx942"], shared=False, extra=("-fgpu-rdc",)),
+        clang_hip(
+            tmp_path / "k.co",
+            ["gfx942"],
+            shared=False,
+            extra=("--cuda-device-only", "--no-gpu-bundle-output"),
+        ),
+        *ccob.values(),
+    ]
+    on_disk = {f.member or Path(f.path).name: _where_free(f) for f in inspect.inspect_paths(objects).files}
+    assert len(on_disk) == 12 and all(d["bundles"] for d in on_disk.values())
+    assert any(b["offset"] % 4096 == 0 for d in on_disk.values() for b in d["bundles"])
+    for compression, chunk in (
+        (zipfile.ZIP_STORED, 61),
+        (zipfile.ZIP_DEFLATED, 61),
+        (zipfile.ZIP_DEFLATED, 4100),
+    ):
+        wheel = tmp_path / f"objs-{compression}-py3-none-linux_x86_64.whl"
+        with zipfile.ZipFile(wheel, "w", compression) as z:
+            for path in objects:
+                z.write(path, f"objs/{path.name}")
+        monkeypatch.setattr(inspect, "STREAM_CHUNK", chunk)
+        in_wheel = {
+            f.member.removeprefix("objs/"): _where_free(f) for f in inspect.inspect_paths([wheel]).files
+        }
+        assert in_wheel == on_disk, (compression, chunk)
+
+
 def test_objects_without_gpu_code_are_listed_and_bad_input_exits_2(tmp_path):
     src = tmp_path / "cpu.c"
     src.write_text("int f(void) { return 1; }\n")
@@ -280,10 +335,11 @@ def test_jax_rocm7_plugin_wheel_agrees_with_bundler(tmp_path):
 def test_jax_rocm7_pjrt_45_compressed_bundles_fast(tmp_path):
     wheel = pypi_wheel("jax-rocm7-pjrt", "0.12.0", "manylinux")
     so = wheel.parent.parent / "bench" / "xla_rocm_plugin.so"  # the 459 MB plugin, unpacked once
+    so_member = "jax_plugins/xla_rocm7/xla_rocm_plugin.so"
     if not so.exists():
         with zipfile.ZipFile(wheel) as z:
             so.parent.mkdir(parents=True, exist_ok=True)
-            so.write_bytes(z.read("jax_plugins/xla_rocm7/xla_rocm_plugin.so"))
+            so.write_bytes(z.read(so_member))
     times = []
     for _ in range(3):
         t = time.perf_counter()
@@ -292,6 +348,9 @@ def test_jax_rocm7_pjrt_45_compressed_bundles_fast(tmp_path):
     fr = only(rep)
     assert len(fr.bundles) == 45 and rep.missing == []
     assert sorted(times)[1] < 2.0  # ~0.15 s here; generous for a loaded CI machine
+    # read from the wheel (deflated, inflated 2 MiB at a time): the same 45 bundles, same offsets
+    in_wheel = [f for f in inspect.inspect_paths([wheel]).files if f.bundles]
+    assert [(f.member, _where_free(f)) for f in in_wheel] == [(so_member, _where_free(fr))]
     with open(so, "rb") as fh:  # the bundler reads the first and the last bundle alike
         for b in (fr.bundles[0], fr.bundles[-1]):
             fh.seek(b.offset)
