@@ -517,6 +517,8 @@ class _Inflated:
             want -= len(piece)
         data = b"".join(pieces)
         self._out += len(data)
+        if not data and self._out < self.size:  # a short table read would be a struct.error
+            raise zlib.error(f"inflates to {self._out} bytes, not the {self.size} the zip lists")
         return data
 
     def windows(self, lo: int) -> Generator[tuple[int, bytes], int | None, None]:

@@ -196,6 +196,18 @@ def test_hipcc_wheel_cli_contract(tmp_path):
     table = run_cli(str(so), "--require", "gfx90a")
     assert table.returncode == 1 and "gfx90a" in table.stderr
 
+    # damaged compressed bytes, found while the member is inflated chunk by chunk: one line, exit 2
+    with zipfile.ZipFile(wheel) as z:
+        info = z.getinfo("demo/libk.so")
+    data = bytearray(wheel.read_bytes())
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    data[start + 1000 : start + 1100] = b"\xff" * 100
+    wheel.write_bytes(bytes(data))
+    res = run_cli(str(wheel))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith(f"rocmforge inspect: error: cannot read demo/libk.so in {wheel}: ")
+    assert len(res.stderr.splitlines()) == 1
+
 
 def _where_free(fr: inspect.FileReport) -> dict:
     """A report without the file it was read from (a wheel or the object on disk)."""
