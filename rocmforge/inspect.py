@@ -480,7 +480,7 @@ class _Mapped:
 class _Inflated:
     """A deflated wheel member, inflated ``STREAM_CHUNK`` bytes at a time, never whole.
 
-    Each chunk boundary passed is a checkpoint (a copy of the zlib state, some 40 KB), so
+    Each chunk boundary passed is a checkpoint (a copy of the zlib state, under 100 KB), so
     going back (to the section names after the section table at the end, to each data
     section) re-inflates from the checkpoint before the wanted offset, not from the start.
     """
@@ -497,6 +497,7 @@ class _Inflated:
     def _restore(self, mark) -> None:
         self._out, self._in, state = mark
         self._inflater, self._tail = state.copy(), b""
+        self._last = (self._out, b"")  # the chunk that ends at self._out, kept for going back
 
     def _chunk(self) -> bytes:
         """Output up to the next chunk boundary; b"" at the end of the member."""
@@ -516,9 +517,10 @@ class _Inflated:
             pieces.append(piece)
             want -= len(piece)
         data = b"".join(pieces)
-        self._out += len(data)
         if not data and self._out < self.size:  # a short table read would be a struct.error
             raise zlib.error(f"inflates to {self._out} bytes, not the {self.size} the zip lists")
+        self._last = (self._out, data)
+        self._out += len(data)
         return data
 
     def windows(self, lo: int) -> Generator[tuple[int, bytes], int | None, None]:
@@ -527,16 +529,29 @@ class _Inflated:
         Sending an offset moves ``lo`` ahead: chunks before it are not yielded, and are not
         inflated at all when a checkpoint lies between.
         """
-        self._seek(lo)
-        while data := self._chunk():
-            if self._out > lo:
-                ahead = yield self._out - len(data), data
-                if ahead is not None and ahead > lo:
-                    lo = ahead
-                    self._seek(lo)
+        while True:
+            self._seek(lo)
+            start, data = self._last
+            if start + len(data) <= lo:
+                data = self._chunk()
+                if not data:
+                    return
+                start = self._out - len(data)
+                if start + len(data) <= lo:
+                    continue
+            ahead = yield start, data
+            lo = max(start + len(data), ahead or 0)  # the next window follows this one
 
     def _seek(self, lo: int) -> None:
-        """Resume at the checkpoint before ``lo``, unless the current position is nearer."""
+        """Make offset ``lo`` the chunk at hand or the next one inflated, from the nearest point.
+
+        That is the chunk just inflated if it holds ``lo`` (the ELF reader goes back to the
+        section names, the scanner to the next data section), else the current position or
+        the last checkpoint before ``lo``, whichever is nearer.
+        """
+        start, data = self._last
+        if start <= lo < start + len(data):
+            return
         mark = self._marks[bisect.bisect_right([m[0] for m in self._marks], lo) - 1]
         if not mark[0] <= self._out <= lo:
             self._restore(mark)
