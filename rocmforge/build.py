@@ -144,7 +144,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         "backend": cfg.build.backend,
         "arch": list(target_archs(cfg)),
         "compilers": compilers_used(own_env, facts),
-        "rocm": rocm_version(facts),
+        "rocm": facts.rocm_version,
         "python": python_version(cfg),
         "requirements": requirements,
         "dependencies": {dep: _sha256_of(house, wheel) for dep, wheel in deps.items()},
@@ -386,7 +386,7 @@ def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str)
     return {
         "backend": cfg.build.backend,
         "arch": list(target_archs(cfg)),
-        "rocm_version": rocm_version(facts) if facts is not None else None,
+        "rocm_version": facts.rocm_version if facts is not None else None,
         "compilers": compilers_used(env, facts) if facts is not None else {},
         "opt_level": cfg.build.opt_level,
         "env": dict(env),
@@ -504,12 +504,6 @@ def compilers_used(env: Mapping[str, str], facts) -> dict[str, str | None]:
 def target_archs(cfg: Config) -> tuple[str, ...]:
     """The GPU archs the build compiles for: ``build.cuda_arch`` for CUDA, else ``build.arch``."""
     return cfg.build.cuda_arch if cfg.build.backend == "cuda" else cfg.build.arch
-
-
-def rocm_version(facts) -> str | None:
-    """The version of the ROCm the build uses (the first install found), if any."""
-    installs = getattr(facts, "rocm_installs", ())
-    return installs[0].version if installs else None
 
 
 def _single_wheel(directory: Path, name: str, log: Path) -> Path:

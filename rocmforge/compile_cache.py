@@ -32,7 +32,6 @@ from packaging.version import InvalidVersion, Version
 
 from rocmforge.config import Config
 from rocmforge.errors import UserError
-from rocmforge.host import selected_rocm
 
 # hipcc runs "<HIP_CLANG_LAUNCHER> <clang> ..." from this ROCm on (ROCm/llvm-project#1490);
 # older hipcc ignores the variable, so setting it there would only mislead.
@@ -193,11 +192,7 @@ def _tool_path(tool: str, facts: Any) -> str | None:
 
 def _rocm_version(cfg: Config, facts: Any) -> Version | None:
     """The ROCm whose hipcc the build will run (the one buildenv selects), else the pinned one."""
-    if isinstance(facts, Mapping):
-        text = facts.get("rocm_version")
-    else:
-        rocm = selected_rocm(facts)
-        text = rocm.version if rocm else None
+    text = facts.get("rocm_version") if isinstance(facts, Mapping) else facts.rocm_version
     text = text or cfg.rocm_version
     try:
         return Version(text) if text else None

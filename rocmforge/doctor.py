@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from rocmforge.buildenv import GIB, parallel_jobs, pick_compilers, rocm_for_build, satisfies
 from rocmforge.config import Config, Package
 from rocmforge.errors import UserError
-from rocmforge.host import KEY_LIBRARIES, HostFacts, install_of, selected_rocm
+from rocmforge.host import KEY_LIBRARIES, HostFacts, install_of
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 # Free space where builds go: a PyTorch tree with its build dir and ccache takes ~40 GB.
@@ -149,8 +149,7 @@ def tool_version(ctx: _Context, package: Package, tool: str) -> str | None:
     if tool == "python":
         return f.python
     if tool == "rocm":
-        rocm = selected_rocm(f)
-        return rocm.version if rocm else None
+        return f.rocm_version
     return f.compilers.get(tool) or f.tools.get(tool)
 
 

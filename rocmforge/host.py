@@ -113,6 +113,12 @@ class HostFacts:
         rocm = selected_rocm(self)
         return dict(rocm.libraries) if rocm else {}
 
+    @property
+    def rocm_version(self) -> str | None:
+        """Version of the ROCm a build would use (see :func:`selected_rocm`), if known."""
+        rocm = selected_rocm(self)
+        return rocm.version if rocm else None
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able data; :meth:`from_json` reads it back (recorded facts in tests)."""
         return dataclasses.asdict(self)
