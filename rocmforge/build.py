@@ -21,7 +21,6 @@ A ``[prebuilt]`` package skips 2-5: its wheel is downloaded instead.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -38,7 +37,7 @@ from rocmforge import __version__, buildlog, compile_cache, provenance, recipes
 from rocmforge.config import Config, Package
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write, file_lock, file_sha256
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256
 from rocmforge.wheelfile import drop_requirements, read_metadata, rewrite_wheel, wheel_name, with_local_label
 from rocmforge.wheelhouse import Wheelhouse
 
@@ -152,7 +151,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         "dropped": sorted(recipe.dropped_requirements(ctx)),
         "env": own_env,
     }
-    fingerprint = _digest(inputs)
+    fingerprint = json_sha256(inputs)
     state = _read_state(work)
     current = _published(house, state)
     if state and state.get("fingerprint") == fingerprint and current:
@@ -286,7 +285,7 @@ def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: f
         "python": python_version(cfg),
         "dropped": sorted(recipes.get(pkg.recipe).dropped_requirements(_prebuilt_context(cfg, pkg))),
     }
-    fingerprint = _digest(inputs)
+    fingerprint = json_sha256(inputs)
     state = _read_state(work)
     current = _published(house, state)
     if state and state.get("fingerprint") == fingerprint and current:
@@ -426,7 +425,9 @@ def dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:
 
 def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], house, log, *, label) -> None:
     """The build venv: reused while its Python, requirements and wheels are unchanged."""
-    key = _digest({"python": _python(cfg), "requirements": requirements, "wheels": [w.name for w in wheels]})
+    key = json_sha256(
+        {"python": _python(cfg), "requirements": requirements, "wheels": [w.name for w in wheels]}
+    )
     stamp = venv / ".rocmforge-venv"
     if stamp.is_file() and stamp.read_text() == key:
         return
@@ -564,10 +565,6 @@ def _changed(old: Mapping, new: Mapping) -> list[str]:
         else:
             changed.append(key)
     return changed or ["wheel missing from the wheelhouse"]
-
-
-def _digest(data: object) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _remove(path: Path) -> None:

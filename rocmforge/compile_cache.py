@@ -17,7 +17,6 @@ build prints. ``python -m rocmforge cache stats|zero`` does the same by hand.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from packaging.version import InvalidVersion, Version
 
 from rocmforge.config import Config
 from rocmforge.errors import UserError
+from rocmforge.fsutil import json_sha256
 
 # hipcc runs "<HIP_CLANG_LAUNCHER> <clang> ..." from this ROCm on (ROCm/llvm-project#1490);
 # older hipcc ignores the variable, so setting it there would only mislead.
@@ -180,7 +180,7 @@ def local_dir(cfg: Config) -> Path:
 
 
 def _server_port(store_env: Mapping[str, str]) -> int:
-    digest = hashlib.sha256(json.dumps(sorted(store_env.items())).encode()).hexdigest()
+    digest = json_sha256(sorted(store_env.items()))
     return _PORT_BASE + int(digest[:8], 16) % _PORT_SPAN
 
 

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import tempfile
 import time
@@ -100,3 +101,8 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def json_sha256(data: object) -> str:
+    """Hex sha256 of ``data`` as JSON with sorted keys: a fingerprint that ignores dict order."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()

@@ -46,7 +46,7 @@ from rocmforge import patches as patchmod
 from rocmforge.config import Config, Package, Source
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write, file_lock, file_sha256
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256
 
 # Seconds to wait before each retry of a network operation; the last failure is reported.
 RETRY_DELAYS: tuple[float, ...] = (2.0, 5.0, 15.0)
@@ -90,7 +90,7 @@ class Checkout:
             "submodules": sorted(self.submodules.items()),
             "patches": [list(p) for p in self.patches],
         }
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+        return json_sha256(data)
 
     def to_json(self) -> dict:
         """Plain values (for the stamp file and the lock)."""
