@@ -37,6 +37,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from rocmforge import inspect
+from rocmforge.build import uv_binary
 from rocmforge.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -383,10 +384,8 @@ def _built_against(env: Environment, wheelhouse_sha256: dict[str, str]) -> list[
 
 
 def pip_check(python: str) -> Check:
-    """``uv pip check`` (or ``pip check``) of the environment."""
-    uv = shutil.which("uv")
-    argv = [uv, "pip", "check", "--python", python] if uv else [python, "-m", "pip", "check"]
-    res = subprocess.run(argv, capture_output=True, text=True)
+    """``uv pip check`` of the environment."""
+    res = subprocess.run([uv_binary(), "pip", "check", "--python", python], capture_output=True, text=True)
     text = (res.stdout + res.stderr).strip()
     if res.returncode == 0:
         return Check("static", "pip check", "ok", text.splitlines()[-1] if text else "no broken requirements")
@@ -515,9 +514,7 @@ def fresh_venv(venv: Path, wheelhouse: Path, python: str, *, offline: bool = Fal
     entries = house.entries()
     if not entries:
         raise UserError(f"no wheels in {wheelhouse}: build them first (nox -s pytorch triton vllm)")
-    uv = shutil.which("uv")
-    if uv is None:
-        raise UserError("uv is not installed; pip install uv (it is a rocmforge dependency)")
+    uv = uv_binary()
     if venv.exists():
         shutil.rmtree(venv)
     subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
