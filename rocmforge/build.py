@@ -33,6 +33,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from rocmforge import __version__, buildlog, compile_cache, provenance, recipes
 from rocmforge.config import Config, Package
 from rocmforge.console import console
@@ -452,9 +455,6 @@ def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], hou
 
 def _without(requirements: list[str], wheels) -> list[str]:
     """``requirements`` minus those naming a project we install from our own wheels."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     ours = {wheel_name(w).project for w in wheels}
     return [r for r in requirements if canonicalize_name(Requirement(r).name) not in ours]
 

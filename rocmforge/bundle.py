@@ -28,6 +28,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from rocmforge import build, git, lock, recipes, sources
 from rocmforge.config import Config
 from rocmforge.console import console
@@ -128,9 +131,6 @@ def _dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:
 
 def _dist_name(cfg: Config, name: str) -> str:
     """The distribution name of our package ``name``'s wheel, spelled as in a wheel's file name."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     prebuilt = cfg.package(name).prebuilt
     dist = Requirement(prebuilt.requirement).name if prebuilt is not None else _DIST_NAMES.get(name, name)
     return canonicalize_name(dist).replace("-", "_")
@@ -146,9 +146,6 @@ def _download_wheels(
     would; pip then downloads exactly those pins (uv has no download command). One resolution
     per package: two venvs may pin one project differently.
     """
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     name = checkout.package
     wheels.mkdir(parents=True, exist_ok=True)
     requirements, deps = venv_requirements(cfg, checkout)

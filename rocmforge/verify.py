@@ -39,6 +39,7 @@ from packaging.version import InvalidVersion, Version
 from rocmforge import inspect
 from rocmforge.build import uv_binary
 from rocmforge.errors import UserError
+from rocmforge.fsutil import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).with_name("verify_probe.py")
@@ -501,8 +502,6 @@ def run(
 
 def _wheel_hashes(wheels: Iterable[Path]) -> dict[str, str]:
     """sha256 -> wheel file name, to match the hashes provenance records."""
-    from rocmforge.fsutil import file_sha256
-
     return {file_sha256(w): w.name for w in wheels}
 
 
