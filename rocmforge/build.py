@@ -40,7 +40,7 @@ from rocmforge import __version__, buildlog, compile_cache, provenance, recipes
 from rocmforge.config import Config, Package
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json
 from rocmforge.wheelfile import drop_requirements, read_metadata, rewrite_wheel, wheel_name, with_local_label
 from rocmforge.wheelhouse import Wheelhouse
 
@@ -155,7 +155,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         "env": own_env,
     }
     fingerprint = json_sha256(inputs)
-    state = _read_state(work)
+    state = read_json(work / STATE_FILE)
     current = _published(house, state)
     if state and state.get("fingerprint") == fingerprint and current:
         lock.record_build(cfg, checkout, facts)
@@ -289,7 +289,7 @@ def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: f
         "dropped": sorted(recipes.get(pkg.recipe).dropped_requirements(_prebuilt_context(cfg, pkg))),
     }
     fingerprint = json_sha256(inputs)
-    state = _read_state(work)
+    state = read_json(work / STATE_FILE)
     current = _published(house, state)
     if state and state.get("fingerprint") == fingerprint and current:
         return Result(pkg.name, "up to date", current, time.monotonic() - start)
@@ -419,7 +419,7 @@ def dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:
     result = {}
     depends = list(cfg.package(name).depends)
     for dep in cfg.build_order(depends) if depends else []:
-        wheel = _published(house, _read_state(cfg.build.work_dir / dep))
+        wheel = _published(house, read_json(cfg.build.work_dir / dep / STATE_FILE))
         if wheel is None:
             raise UserError(f"{name} needs {dep}'s wheel, which is not in the wheelhouse; run `nox -s {dep}`")
         result[dep] = wheel
@@ -529,13 +529,6 @@ def _withdraw_stale(house: Wheelhouse, name: str, current: Path | None) -> None:
     if current is not None:
         house.withdraw(wheel_name(current).project)
         console.print(f"{name}: removed {current.name} from the wheelhouse (built from other inputs)")
-
-
-def _read_state(work: Path) -> dict | None:
-    try:
-        return json.loads((work / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _write_state(work: Path, fingerprint: str, inputs: dict, entry) -> None:

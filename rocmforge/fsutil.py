@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rocmforge.errors import UserError
 
@@ -101,6 +102,17 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in ``path``, or None when it is missing, unreadable or damaged.
+
+    For stamps, states and caches that are simply made again when they cannot be read.
+    """
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):  # ValueError covers JSONDecodeError and UnicodeDecodeError
+        return None
 
 
 def json_sha256(data: object) -> str:

@@ -46,7 +46,7 @@ from rocmforge import patches as patchmod
 from rocmforge.config import Config, Package, Source
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json
 
 # Seconds to wait before each retry of a network operation; the last failure is reported.
 RETRY_DELAYS: tuple[float, ...] = (2.0, 5.0, 15.0)
@@ -159,7 +159,7 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
     tree = third_party / name
     stamp_path = third_party / f".{name}.stamp.json"
     with file_lock(third_party / f".{name}.lock", what=f"preparing {name}", on_wait=_waiting(str(tree))):
-        stamp = _read_json(stamp_path)
+        stamp = read_json(stamp_path)
         if stamp and stamp.get("key") == key and tree.is_dir():
             checkout = Checkout.from_json(stamp["checkout"])
         else:
@@ -333,13 +333,6 @@ def _waiting(what: str):
     return say
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 # --------------------------------------------------------------------------- git
 
 
@@ -509,7 +502,7 @@ def _ensure_commit(mirror: Path, url, rev, pin, *, offline, bundle, what) -> str
 
 def _ensure_commit_locked(mirror: Path, url, rev, pin, *, offline, bundle, what) -> str:
     pins_file = mirror.with_suffix(".pins.json")
-    pins = _read_json(pins_file) or {}
+    pins = read_json(pins_file) or {}
     record = f"{rev or ''}@{pin or ''}"
     known = pins.get(record)
     # A floating rev (no commit pinned) is asked for again whenever the network is there.
@@ -548,7 +541,7 @@ def _has_commit(mirror: Path, commit: str) -> bool:
 def _offline_commit(mirror: Path, url, rev, pin, *, bundle, what, record) -> str:
     if bundle is not None:
         import_bundle(bundle, mirror, url)
-        pins = _read_json(mirror.with_suffix(".pins.json")) or {}
+        pins = read_json(mirror.with_suffix(".pins.json")) or {}
         if pins.get(record) and _has_commit(mirror, pins[record]):
             return pins[record]
     commit = git.resolve(pin, git_dir=mirror) if pin else None
@@ -761,8 +754,8 @@ def import_bundle(bundle: Path, mirror: Path, url: str) -> None:
         git_dir=mirror,
     )
     pins = {
-        **(_read_json(src.with_suffix(".pins.json")) or {}),
-        **(_read_json(mirror.with_suffix(".pins.json")) or {}),
+        **(read_json(src.with_suffix(".pins.json")) or {}),
+        **(read_json(mirror.with_suffix(".pins.json")) or {}),
     }
     atomic_write(mirror.with_suffix(".pins.json"), json.dumps(pins, indent=1, sort_keys=True))
 
@@ -992,7 +985,7 @@ def _import_archive(archive: Path, staging: Path, *, what: str) -> str:
 
 def _reusable_import(stamp_path: Path, tree: Path, sha256: str) -> str | None:
     """The import commit of ``tree`` when it already holds this archive (only patches change)."""
-    stamp = _read_json(stamp_path)
+    stamp = read_json(stamp_path)
     if not stamp or stamp["key"].get("sha256") != sha256 or not git.is_work_tree(tree):
         return None
     base = stamp.get("base")

@@ -35,7 +35,7 @@ from urllib.parse import quote
 from packaging.utils import InvalidWheelFilename, canonicalize_name
 
 from rocmforge.console import console
-from rocmforge.fsutil import atomic_write, file_lock, file_sha256
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256, read_json
 from rocmforge.wheelfile import wheel_name
 
 _HASHES = ".sha256.json"  # cache: wheel file name -> [size, mtime_ns, sha256]
@@ -73,7 +73,7 @@ class Wheelhouse:
         """Every wheel present, sorted by project."""
         if not self.root.is_dir():
             return []
-        cache = self._load_hashes()
+        cache = read_json(self.root / _HASHES) or {}
         result = []
         for path in sorted(self.root.glob("*.whl")):
             problem = _unusable(path)
@@ -151,12 +151,6 @@ class Wheelhouse:
         digest = file_sha256(path)
         cache[path.name] = [st.st_size, st.st_mtime_ns, digest]
         return digest
-
-    def _load_hashes(self) -> dict[str, list]:
-        try:
-            return json.loads((self.root / _HASHES).read_text())
-        except (OSError, ValueError):
-            return {}
 
     def _save_hashes(self, entries: dict[str, Entry]) -> None:
         data = {}
