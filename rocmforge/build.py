@@ -21,7 +21,6 @@ A ``[prebuilt]`` package skips 2-5: its wheel is downloaded instead.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import platform
@@ -106,7 +105,7 @@ def build_package(cfg: Config, name: str, *, facts=None) -> Result:
 
 
 def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, start: float) -> Result:
-    from rocmforge import buildenv, lock, sources
+    from rocmforge import buildenv, diagnose, lock, sources
 
     name = pkg.name
     checkout = sources.prepare(cfg, name)
@@ -187,9 +186,9 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         failed = _run_steps(name, recipe, ctx, project_dir, env, log)
         if failed is None:
             break
-        diagnosis = _diagnose(failed.log)
+        diagnosis = diagnose.diagnose_file(failed.log)
         _report_failure(name, failed, diagnosis)
-        plan = None if retries else _retry_plan(cfg, diagnosis, env)
+        plan = None if retries else diagnose.retry_plan(diagnosis, env, cfg)
         if plan is None:
             _withdraw_stale(house, name, current)
             raise UserError(f"{name}: build failed; full log: {log}")
@@ -259,23 +258,6 @@ def _report_failure(name: str, result: buildlog.StepResult, diagnosis=None) -> N
     if diagnosis is not None and diagnosis.category != "unknown":
         console.print(f"{name}: likely cause ({diagnosis.category}): {diagnosis.hint}", markup=False)
     console.print(f"{name}: full log: {result.log}", soft_wrap=True)
-
-
-def _diagnose(log: Path):
-    """The diagnosis of a failed build's log (``rocmforge.diagnose``, where installed)."""
-    try:
-        diagnose = importlib.import_module("rocmforge.diagnose")
-    except ImportError:
-        return None
-    return diagnose.diagnose_text(log.read_text(errors="replace"))
-
-
-def _retry_plan(cfg: Config, diagnosis, env: dict[str, str]):
-    """``(new_env, note)`` when the diagnosis has a remedy the config allows, else None."""
-    if diagnosis is None:
-        return None
-    retry_plan = getattr(importlib.import_module("rocmforge.diagnose"), "retry_plan", None)
-    return retry_plan(diagnosis, dict(env), cfg) if retry_plan else None
 
 
 def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: float) -> Result:
