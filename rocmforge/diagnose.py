@@ -1540,7 +1540,7 @@ def retry_plan(
     an out-of-memory compile with ``MAX_JOBS`` and ``CMAKE_BUILD_PARALLEL_LEVEL`` halved (until
     they reach 1).
     """
-    if diagnosis.category not in getattr(cfg.build, "retry", ()):
+    if diagnosis.category not in cfg.build.retry:
         return None
     at = f" at line {diagnosis.evidence[0].line}" if diagnosis.evidence else ""
     new = dict(env)
