@@ -27,6 +27,11 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Pep508
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from rocmforge.arch import parse_arch_list
 from rocmforge.errors import UserError
 
@@ -353,8 +358,6 @@ def _check_inside(text: str, key: str) -> None:
 
 
 def _check_specifier(spec: str, key: str) -> None:
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
     try:
         SpecifierSet(spec)
     except InvalidSpecifier:
@@ -364,8 +367,6 @@ def _check_specifier(spec: str, key: str) -> None:
 
 
 def _check_version(text: str, key: str, *, example: str) -> None:
-    from packaging.version import InvalidVersion, Version
-
     try:
         Version(text)
     except InvalidVersion:
@@ -374,9 +375,6 @@ def _check_version(text: str, key: str, *, example: str) -> None:
 
 def _check_requirement(text: str, key: str) -> None:
     """``text`` must be a PEP 508 requirement: pip gets it as is, and would fail only mid-session."""
-    from packaging.requirements import InvalidRequirement
-    from packaging.requirements import Requirement as Pep508
-
     try:
         Pep508(text)
     except InvalidRequirement:

@@ -28,6 +28,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from rocmforge import git
 from rocmforge.config import Config, Package, load_config
 from rocmforge.console import console
@@ -68,9 +71,6 @@ def patches_dir(cfg: Config, package: str) -> Path:
 
 def select(cfg: Config, pkg: Package, version: str | None) -> list[Selected]:
     """The configured patches that apply to ``version``, each file present and matching its sha256."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
     chosen = []
     for i, p in enumerate(pkg.patches):
         key = f"packages.{pkg.name}.patches[{i}]"

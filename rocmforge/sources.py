@@ -41,6 +41,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 from types import MappingProxyType
 
+from packaging.utils import canonicalize_name, parse_sdist_filename
+from packaging.version import InvalidVersion, Version
+
 from rocmforge import git
 from rocmforge import patches as patchmod
 from rocmforge.config import Config, Package, Source
@@ -234,8 +237,6 @@ def _merge_derived(pkg: Package, commit: str, version: str | None) -> tuple[str,
 
 
 def _same_version(a: str, b: str) -> bool:
-    from packaging.version import InvalidVersion, Version
-
     try:
         return Version(a).release == Version(b).release
     except InvalidVersion:
@@ -818,8 +819,6 @@ class _Links(HTMLParser):
 
 
 def _sdist_url(name: str, version: str, sha256: str, *, what: str) -> tuple[str, str]:
-    from packaging.utils import canonicalize_name, parse_sdist_filename
-
     page = f"{pip_index_url().rstrip('/')}/{canonicalize_name(name)}/"
     body, ctype = _http_get(page, what=what, accept="application/vnd.pypi.simple.v1+json, text/html;q=0.1")
     files: list[tuple[str, str, str | None]] = []  # (filename, url, sha256)
