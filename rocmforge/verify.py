@@ -273,28 +273,25 @@ def _satisfies(version: str | None, req: Requirement) -> bool:
         return False
 
 
-def _requirements(dist: dict) -> list[Requirement]:
+def _parsed(texts) -> list[Requirement]:
+    """The requirements among ``texts`` that parse; a malformed one checks nothing."""
     out = []
-    for text in dist.get("requires") or ():
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            continue
-        if req.marker is None or "extra" not in str(req.marker):
-            out.append(req)
-    return out
-
-
-def _dropped(dist: dict) -> list[Requirement]:
-    """Requirements rocmforge removed from the wheel's metadata, kept in its provenance."""
-    prov = dist.get("provenance") or {}
-    out = []
-    for text in prov.get("dropped_requirements") or ():
+    for text in texts or ():
         try:
             out.append(Requirement(text))
         except InvalidRequirement:
             continue
     return out
+
+
+def _requirements(dist: dict) -> list[Requirement]:
+    """The dist's requirements outside extras: what installing it pulls in."""
+    return [r for r in _parsed(dist.get("requires")) if r.marker is None or "extra" not in str(r.marker)]
+
+
+def _dropped(dist: dict) -> list[Requirement]:
+    """Requirements rocmforge removed from the wheel's metadata, kept in its provenance."""
+    return _parsed((dist.get("provenance") or {}).get("dropped_requirements"))
 
 
 def version_checks(env: Environment, wheelhouse_sha256: dict[str, str] | None = None) -> list[Check]:
