@@ -134,8 +134,8 @@ def toolchain_facts(facts=None) -> dict[str, str]:
 
     facts = host.gather() if facts is None else facts
     found = {name: str(version) for name, version in facts.compilers.items() if version}
-    if facts.rocm_installs:
-        found["rocm"] = str(facts.rocm_installs[0].version)
+    if facts.rocm_version:
+        found["rocm"] = facts.rocm_version
     found["python"] = ".".join(map(str, sys.version_info[:3]))
     return dict(sorted(found.items()))
 
