@@ -785,11 +785,10 @@ def _archive_location(pkg: Package, src: Source, *, offline: bool) -> tuple[str 
     return _sdist_url(src.name, src.version, src.sha256, what=pkg.name)
 
 
-def pip_index_url(environ: Mapping[str, str] | None = None) -> str:
+def pip_index_url() -> str:
     """The index pip would use: ``PIP_INDEX_URL``, else pip's config ``index-url``, else PyPI."""
-    environ = os.environ if environ is None else environ
-    if environ.get("PIP_INDEX_URL"):
-        return environ["PIP_INDEX_URL"]
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"]
     proc = subprocess.run(
         [os.environ.get("PYTHON", "python3"), "-m", "pip", "config", "list"], capture_output=True, text=True
     )
