@@ -42,6 +42,11 @@ class Context:
         """``packages.NAME.options`` lookup with a default: ``ctx.option("rust_frontend", "auto")``."""
         return self.package.options.get
 
+    @property
+    def version(self) -> str | None:
+        """The version being built: ``packages.NAME.version``, else the one the checkout declares."""
+        return self.package.version or getattr(self.checkout, "version", None)
+
     def builds_own(self, recipe: str) -> bool:
         """Whether the config builds a package with ``recipe`` from source (not prebuilt)."""
         return any(p.recipe == recipe and p.source is not None for p in self.cfg.packages.values())

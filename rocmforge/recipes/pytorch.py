@@ -44,7 +44,7 @@ class PyTorch(Generic):
             "USE_CUDA": "1" if backend == "cuda" else "0",
             "PYTORCH_BUILD_NUMBER": str(ctx.option("build_number", 1)),
         }
-        version = ctx.package.version or getattr(ctx.checkout, "version", None)
+        version = ctx.version
         if version:
             label = ctx.package.local_version
             env["PYTORCH_BUILD_VERSION"] = f"{version}+{label}" if label else version

@@ -54,7 +54,7 @@ class VLLM(Generic):
 
     def environment(self, ctx: Context) -> dict[str, str]:
         env = {"VLLM_TARGET_DEVICE": self.target_device(ctx)}
-        version = ctx.package.version or getattr(ctx.checkout, "version", None)
+        version = ctx.version
         if version:
             # A patched git checkout would otherwise version itself "...dirty" via setuptools-scm.
             env["SETUPTOOLS_SCM_PRETEND_VERSION"] = version
