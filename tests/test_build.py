@@ -106,6 +106,24 @@ def so_targets(wheel: Path) -> set[str]:
         return code_object_targets(zf.read("hipkernel/libhipkernel.so"))
 
 
+def pure_wheel(
+    project: Path, name: str, version: str, *, package: str | None = None, init: str = "", deps=()
+) -> Path:
+    """A one-package pure-Python project at ``project``, built by uv into ``project``'s sibling
+    ``vendor/`` (a real wheel); returns that directory."""
+    package = package or name
+    (project / package).mkdir(parents=True)
+    (project / package / "__init__.py").write_text(init)
+    dependencies = "dependencies = [{}]\n".format(", ".join(f'"{d}"' for d in deps))
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "{name}"\nversion = "{version}"\n{dependencies}'
+    )
+    vendor = project.parent / "vendor"
+    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(vendor), str(project)], check=True)
+    return vendor
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The fixture chain built once through `nox -s dependent hipkernel`."""
@@ -288,16 +306,7 @@ def test_prebuilt_wheel_is_published_byte_identical(tmp_path):
     from rocmforge.fsutil import file_sha256
     from rocmforge.host import gather
 
-    vendor = tmp_path / "vendor"
-    vendor.mkdir()
-    project = tmp_path / "proj"
-    (project / "tinyvendor").mkdir(parents=True)
-    (project / "tinyvendor" / "__init__.py").write_text("VALUE = 7\n")
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "tinyvendor"\nversion = "3.1"\n'
-    )
-    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(vendor), str(project)], check=True)
+    vendor = pure_wheel(tmp_path / "proj", "tinyvendor", "3.1", init="VALUE = 7\n")
     (original,) = vendor.glob("*.whl")
     config = tmp_path / "rocmforge.toml"
     config.write_text(
@@ -413,15 +422,7 @@ def test_own_triton_drops_torchs_triton_requirement(tmp_path):
     from rocmforge.wheelfile import read_metadata
 
     project = tmp_path / "torchlike"
-    (project / "torch").mkdir(parents=True)
-    (project / "torch" / "__init__.py").write_text("")
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "torch"\nversion = "2.13.0+rocm7.2"\n'
-        'dependencies = ["pytorch-triton-rocm==3.8.0", "filelock"]\n'
-    )
-    vendor = tmp_path / "vendor"
-    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(vendor), str(project)], check=True)
+    vendor = pure_wheel(project, "torch", "2.13.0+rocm7.2", deps=["pytorch-triton-rocm==3.8.0", "filelock"])
     config = tmp_path / "rocmforge.toml"
     config.write_text(
         '[build]\nbackend = "cpu"\nwork_dir = "out"\nwheelhouse = "out/wheelhouse"\nlogs_dir = "out/logs"\n'

@@ -274,16 +274,9 @@ def test_the_stack_builds_from_its_export_with_the_network_cut(tmp_path):
 def test_the_runtime_requirements_of_a_dependency_wheel_are_exported(tmp_path):
     """A build venv installs its dependencies' wheels, and with them what they require (vLLM's
     gets torch and torch's requirements): those come from the export too."""
-    from test_build import nox, write_config
+    from test_build import nox, pure_wheel, write_config
 
-    vendor, project = tmp_path / "vendor", tmp_path / "tinyvendor"
-    (project / "tinyvendor").mkdir(parents=True)
-    (project / "tinyvendor" / "__init__.py").write_text("")
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "tinyvendor"\nversion = "3.1"\ndependencies = ["six"]\n'
-    )
-    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(vendor), str(project)], check=True)
+    vendor = pure_wheel(tmp_path / "tinyvendor", "tinyvendor", "3.1", deps=["six"])
     config = write_config(tmp_path, patched=True)
     text = config.read_text().replace(
         "[packages.patchme]\n", '[packages.patchme]\ndepends = ["tinyvendor"]\n'
