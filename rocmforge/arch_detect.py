@@ -4,7 +4,8 @@ Sources, best first: the KFD topology in sysfs (``gfx_target_version``), ``rocmi
 and ``rocm-smi``. Saved output of those tools is what users paste into tickets, so the parsers
 read real, messy text: padded columns, many GPUs, CPU agents first, integrated GPUs beside
 discrete ones, summaries cut with grep, pastes whose newlines were lost, decimal
-``gfx_target_version`` numbers in place of gfx names.
+``gfx_target_version`` numbers in place of gfx names, and the digit-wise names some rocm-smi and
+amd-smi releases printed (``gfx9008`` for gfx908, ``gfx11003`` for gfx1103).
 
 CLI contract (other tools parse it; keep it stable)::
 
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,15 +66,38 @@ class _Agent:
         return Gpu(arch, self.target_id, self.name or None, source) if arch else None
 
 
+def _digitwise_names() -> dict[str, str]:
+    """Names some tools made of ``gfx_target_version`` digit by digit -> the real processor.
+
+    rocm-smi (ROCm 6.1, ``GFX Version``/``GFX VER``) and amd-smi before ROCm 6.3.2
+    (``TARGET_GRAPHICS_VERSION``) wrote major, a two-digit minor and the stepping in decimal:
+    ``gfx9008`` for gfx908, ``gfx11003`` for gfx1103, ``gfx90010`` for gfx90a. Other tools joined
+    the three fields in decimal (``gfx9010`` for gfx90a). The gfx name spells minor and stepping
+    as one hex digit each, so the forms differ from the real name exactly when one of those
+    spellings is not the name itself; a form that is a real processor name is never remapped.
+    """
+    names: dict[str, str] = {}
+    for processor in KNOWN_PROCESSORS:
+        major, minor, stepping = processor[3:-2], int(processor[-2], 16), int(processor[-1], 16)
+        for form in (f"gfx{major}{minor:02d}{stepping}", f"gfx{major}{minor}{stepping}"):
+            if form != processor and form not in KNOWN_PROCESSORS:
+                names[form] = processor
+    return names
+
+
+DIGITWISE_NAMES = _digitwise_names()
+
+
 def _normalise_arch(token: str) -> str | None:
-    """``gfx942``, ``gfx942:sramecc+`` or a decimal ``90402`` -> processor name."""
+    """``gfx942``, ``gfx942:sramecc+``, a decimal ``90402`` or a digit-wise ``gfx9042`` -> processor."""
     token = token.strip().strip("'\"").lower()
     if token.isdigit():
         return arch_from_gfx_target_version(token)
     try:
-        return parse_target_id(token).processor
+        processor = parse_target_id(token).processor
     except ValueError:
         return None
+    return DIGITWISE_NAMES.get(processor, processor)
 
 
 # --- rocminfo -----------------------------------------------------------------------------
@@ -133,16 +158,22 @@ def parse_amdsmi(text: str, source: str = "amd-smi") -> list[Gpu]:
     """GPUs in ``amd-smi static``/``list`` text or ``--json`` output (also truncated JSON).
 
     Blocks with the same GPU index (``amd-smi list`` then ``amd-smi static`` in one paste) are
-    one GPU.
+    one GPU. ``amd-smi static | grep TARGET_GRAPHICS_VERSION`` (no ``GPU:`` lines) lists one GPU
+    per line.
     """
     agents: dict[str, _Agent] = {}
     current: _Agent | None = None
+    headers = False  # a "GPU: n" or another device's header was seen: fields belong to it
     for m in _AMDSMI_TOKENS.finditer(text):
         if m.group("gpu"):
             index = m.group("index") or m.group("jindex")
             current = agents.setdefault(index, _Agent())
+            headers = True
         elif m.group("other"):
-            current = None
+            current, headers = None, True
+        elif not headers and m.group("key").lower() == "target_graphics_version":
+            current = agents.setdefault(f"line{len(agents)}", _Agent())
+            current.arch = _normalise_arch(m.group("jvalue") or m.group("value") or "")
         elif current is not None:
             value = (m.group("jvalue") if m.group("jvalue") is not None else m.group("value")).strip()
             key = m.group("key").lower()
@@ -191,7 +222,8 @@ def _rocmsmi_field(agent: _Agent, key: str, value: str) -> None:
     if not value or value.upper() == "N/A":
         return
     if key == "gfx version":
-        agent.arch = _normalise_arch(value) or agent.arch
+        # One token: a paste whose newlines were lost runs on into the next "=====" banner.
+        agent.arch = _normalise_arch(value.split()[0]) or agent.arch
     elif re.fullmatch(r"0x[0-9a-fA-F]{3,4}", value):
         # Old rocm-smi printed the PCI device ID as "Card series"; keep it for the arch lookup.
         agent.device_id = agent.device_id or (value if key in ("card series", "device id") else None)
@@ -440,7 +472,10 @@ def main(args: argparse.Namespace) -> int:
         # Only names the config accepts: the text may hold a typo or a GPU newer than our table.
         usable = [a for a in result_json(gpus)["archs"] if a in KNOWN_PROCESSORS]
         if usable:
-            print(f"PYTORCH_ROCM_ARCH={';'.join(usable)}")
+            # Quoted and exported as `env --shell` prints it: pasted into a shell, an unquoted
+            # "a;b" would set only a and run b as a command, and an unexported variable never
+            # reaches nox.
+            print(f"export PYTORCH_ROCM_ARCH={shlex.quote(';'.join(usable))}")
     for arch in sorted({g.arch for g in gpus} - set(KNOWN_PROCESSORS)):
         notes.append(
             f"{arch} is not a GPU arch rocmforge knows (a typo in the text, or a GPU newer than "

@@ -43,6 +43,9 @@ CASES = {
     ),
     "rocmsmi_productname_mi100.txt": ("rocm-smi", [("gfx908", None, None)]),
     "rocminfo_cpu_only.txt": ("rocminfo", []),
+    # Digit-wise names from gfx_target_version (rocm-smi of ROCm 6.1, amd-smi before 6.3.2).
+    "rocmsmi_all_phoenix_gfx11003.txt": ("rocm-smi", [("gfx1103", None, "Phoenix1")]),
+    "amdsmi_grep_mi100_gfx9008.txt": ("amd-smi", [("gfx908", None, None)] * 2),
 }
 
 
@@ -51,7 +54,7 @@ def test_every_fixture_has_a_case_and_a_source():
     assert files == sorted(CASES)
     for name in files:
         first = (DATA / name).read_text().splitlines()[0]
-        assert re.fullmatch(r"SOURCE: https://github\.com/\S+/(issues|pull)/\d+", first), name
+        assert re.fullmatch(r"SOURCE: https://github\.com/\S+/((issues|pull)/\d+|blob/\S+)", first), name
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -99,6 +102,27 @@ def test_decimal_gfx_target_version(value, arch):
     assert arch_from_gfx_target_version(value) == arch
     if arch:
         assert parse_text(f"gfx_target_version {value}")[1][0].arch == arch
+
+
+@pytest.mark.parametrize(
+    ("printed", "arch"),
+    [
+        ("gfx9008", "gfx908"),  # amd-smi < ROCm 6.3.2 on MI100 (its changelog)
+        ("gfx11003", "gfx1103"),  # rocm-smi of ROCm 6.1 on a Phoenix APU
+        ("gfx90010", "gfx90a"),  # the same scheme on MI210/MI250: stepping 10 in decimal
+        ("gfx9010", "gfx90a"),  # the three fields joined in decimal (ollama#3809)
+        ("gfx9042", "gfx942"),
+        ("gfx9050", "gfx950"),
+        ("gfx10030", "gfx1030"),
+        ("gfx942", "gfx942"),  # a real name is never remapped
+        ("gfx1010", "gfx1010"),
+    ],
+)
+def test_digitwise_gfx_names_from_smi_tools(printed, arch):
+    amdsmi = f"GPU: 0\n    ASIC:\n        TARGET_GRAPHICS_VERSION: {printed}\n"
+    rocmsmi = f"GPU[0]\t\t: GFX Version: \t\t{printed}\n"
+    assert [g.arch for g in parse_text(amdsmi)[1]] == [arch]
+    assert [g.arch for g in parse_text(rocmsmi)[1]] == [arch]
 
 
 def test_kfd_sysfs_with_cpu_first_an_igpu_and_discrete_gpus(tmp_path):
@@ -153,7 +177,19 @@ def test_cli_json_contract_and_exit_codes(tmp_path):
 
     stdin = run_cli("-", input=(DATA / "amdsmi_static_mi350x.txt").read_text())
     assert stdin.returncode == 0
-    assert "PYTORCH_ROCM_ARCH=gfx950" in stdin.stdout
+    assert "export PYTORCH_ROCM_ARCH=gfx950" in stdin.stdout.splitlines()
+
+
+def test_several_archs_are_printed_quoted_for_a_shell(tmp_path):
+    # Unquoted, `PYTORCH_ROCM_ARCH=gfx908;gfx942` pasted into bash sets gfx908 only and runs
+    # `gfx942` as a command; the printed line must survive a real shell unchanged.
+    proc = run_cli(str(DATA / "rocmsmi_productname_csv_mi100x2.txt"), str(DATA / "rocminfo_mi300x.txt"))
+    line = proc.stdout.splitlines()[-1]
+    assert line == "export PYTORCH_ROCM_ARCH='gfx908;gfx942'"
+    shell = subprocess.run(
+        ["bash", "-c", f"{line}\nbash -c 'printf %s \"$PYTORCH_ROCM_ARCH\"'"], capture_output=True, text=True
+    )
+    assert (shell.returncode, shell.stdout, shell.stderr) == (0, "gfx908;gfx942", "")
 
 
 def test_user_given_arch_names_are_validated():
@@ -167,7 +203,7 @@ def test_unknown_arch_in_saved_text_is_flagged_not_recommended():
     # a value the config then refuses.
     proc = run_cli("-", input="  Name:                    gfx9420\n  Name:                    gfx942\n")
     assert proc.returncode == 0
-    assert proc.stdout.splitlines()[-1] == "PYTORCH_ROCM_ARCH=gfx942"
+    assert proc.stdout.splitlines()[-1] == "export PYTORCH_ROCM_ARCH=gfx942"
     assert (
         "rocmforge arch: gfx9420 is not a GPU arch rocmforge knows (a typo in the text, or a GPU newer "
         "than rocmforge/arch.py); left out of PYTORCH_ROCM_ARCH"
