@@ -260,8 +260,10 @@ class _Table:
         """Refuse keys we did not read: a typo must not be silently ignored."""
         unknown = sorted(set(self.data) - self.used)
         if unknown:
+            close = difflib.get_close_matches(unknown[0], self.used, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             known = ", ".join(sorted(self.used))
-            raise UserError(f"{self.key(unknown[0])}: unknown key; known keys here: {known}")
+            raise UserError(f"{self.key(unknown[0])}: unknown key; {hint}known keys here: {known}")
 
 
 def _as_tuple(types):
@@ -410,10 +412,6 @@ def _package(name: str, t: _Table, root: Path) -> Package:
         )
         pre_t.done()
         _check_requirement(prebuilt.requirement, pre_t.key("requirement"))
-    if source is None and prebuilt is None:
-        raise UserError(f"{t.path}: needs a [source] table (or [prebuilt] to take a ready wheel)")
-    if source is not None and prebuilt is not None:
-        raise UserError(f"{t.path}: has both [source] and [prebuilt]; keep one")
     env = t.get("env", dict, {})
     for k, v in env.items():
         # `env --shell` prints `export K=V`: a name like "A B" would be a broken shell line.
@@ -448,7 +446,11 @@ def _package(name: str, t: _Table, root: Path) -> Package:
         override_pin=t.get("override_pin", bool, False),
         options=MappingProxyType(dict(t.get("options", dict, {}))),
     )
-    t.done()
+    t.done()  # first: a typo such as `sources = {...}` is an unknown key, not a missing [source]
+    if source is None and prebuilt is None:
+        raise UserError(f"{t.path}: needs a [source] table (or [prebuilt] to take a ready wheel)")
+    if source is not None and prebuilt is not None:
+        raise UserError(f"{t.path}: has both [source] and [prebuilt]; keep one")
     return pkg
 
 
@@ -533,11 +535,6 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     if "PYTORCH_ROCM_ARCH" in environ:
         notes.append(f"PYTORCH_ROCM_ARCH={environ['PYTORCH_ROCM_ARCH']!r} overrides {arch_key}")
         arch_value, arch_key = environ["PYTORCH_ROCM_ARCH"], "PYTORCH_ROCM_ARCH"
-    arch = (
-        parse_arch_list(arch_value, key=arch_key)
-        if backend == "rocm"
-        else tuple(parse_arch_list(arch_value, key=arch_key) if arch_value else ())
-    )
     jobs = t.get("jobs", (int, str), "auto")
     if "MAX_JOBS" in environ:
         notes.append(f"MAX_JOBS={environ['MAX_JOBS']!r} overrides {t.key('jobs')}")
@@ -563,9 +560,8 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     else:
         cache_dir = t.get("cache_dir", str, cache_default)
     compile_cache, cache_store = _compile_cache(t, root, environ, notes)
-    b = Build(
+    fields = dict(
         backend=backend,
-        arch=arch,
         cuda_arch=_cuda_archs(t),
         jobs=jobs,
         opt_level=opt,
@@ -580,6 +576,14 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
         retry=_retry(t),
     )
     t.done()
+    # The arch list is checked after the table's keys: a typo such as `archs = [...]` must get
+    # the unknown-key error, not "the arch list is empty".
+    arch = (
+        parse_arch_list(arch_value, key=arch_key)
+        if backend == "rocm"
+        else tuple(parse_arch_list(arch_value, key=arch_key) if arch_value else ())
+    )
+    b = Build(arch=arch, **fields)
     # A file where a directory goes was a NotADirectoryError traceback from the first mkdir.
     for name in ("work_dir", "wheelhouse", "logs_dir", "third_party", "cache_dir"):
         where = getattr(b, name)

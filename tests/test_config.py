@@ -46,7 +46,16 @@ BAD_CONFIGS = {
     ),
     "unknown key": (
         GOOD.replace('opt_level = "O3"', 'opt_level = "O3"\noptlevel = "O2"'),
-        "build.optlevel: unknown key; known keys here:",
+        "build.optlevel: unknown key; did you mean 'opt_level'? known keys here:",
+    ),
+    # The misspelt key left build.arch unset, which was reported as "the arch list is empty".
+    "archs typo": (
+        GOOD.replace('arch = ["gfx90a", "gfx942", "gfx950"]', 'archs = ["gfx90a", "gfx942"]'),
+        "build.archs: unknown key; did you mean 'arch'? known keys here:",
+    ),
+    "sources typo": (
+        GOOD.replace("[packages.vllm.source]", "[packages.vllm.sources]"),
+        "packages.vllm.sources: unknown key; did you mean 'source'? known keys here:",
     ),
     "gfx9420": (
         GOOD.replace('arch = ["gfx90a", "gfx942", "gfx950"]', 'arch = ["gfx90a", "gfx9420"]'),
