@@ -563,8 +563,8 @@ def index_session(session, cfg: Config) -> None:
     house = Wheelhouse(cfg.build.wheelhouse)
     entries = house.reindex()
     if not entries:
-        first = next(iter(cfg.packages))
-        session.error(f"{house.root}: no wheels yet; build some first, e.g. `nox -s {first}`")
+        first = cfg.build_order()[0]
+        raise UserError(f"{house.root}: no wheels to index; build some first, e.g. `nox -s {first}`")
     for e in entries:
         session.log(f"{e.project} {e.version}  {e.path.name}")
     session.log(f"index: {house.simple}  constraints: {house.constraints}")

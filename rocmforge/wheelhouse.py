@@ -116,12 +116,23 @@ class Wheelhouse:
         return gone
 
     def reindex(self) -> list[Entry]:
-        """Regenerate ``simple/`` and ``constraints.txt`` from the wheels present."""
+        """Regenerate ``simple/`` and ``constraints.txt`` from the wheels present.
+
+        A wheelhouse that does not exist stays absent (no lock file, no empty index).
+        """
+        if not self.root.is_dir():
+            return []
         with self.locked("reindexing"):
             return self._reindex()
 
     def _reindex(self) -> list[Entry]:
         entries = self.entries()
+        if not entries:
+            # No index rather than an empty one: a header-only constraints.txt pins nothing, so
+            # `pip install -c constraints.txt vllm` would quietly take vllm from PyPI.
+            for path in (self.simple, self.constraints, self.root / _HASHES):
+                _remove(path)
+            return entries
         by_project: dict[str, list[Entry]] = {}
         for e in entries:
             by_project.setdefault(e.project, []).append(e)
@@ -158,6 +169,13 @@ class Wheelhouse:
             st = e.path.stat()
             data[fname] = [st.st_size, st.st_mtime_ns, e.sha256]
         atomic_write(self.root / _HASHES, json.dumps(data, indent=1, sort_keys=True))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _unusable(path: Path) -> str | None:

@@ -186,3 +186,37 @@ def test_stray_files_named_whl_are_left_out_of_the_index(tmp_path, wheels):
     assert house.constraints.read_text().splitlines()[1:] == ["beta==0.5"]
     house.publish(wheels["alpha-2"])  # publishing past the strays still works
     assert links(house.simple / "index.html") == ["alpha-pkg/", "beta/"]
+
+
+def test_no_wheels_leave_no_index_behind(tmp_path, wheels):
+    # An empty index with a header-only constraints.txt made `pip install -c constraints.txt vllm`
+    # succeed from PyPI; with no wheels there must be no index at all.
+    missing = Wheelhouse(tmp_path / "never-built")
+    assert missing.reindex() == []
+    assert not missing.root.exists()
+
+    house = Wheelhouse(tmp_path / "wh")
+    house.publish(wheels["beta"])
+    assert house.constraints.is_file()
+    house.withdraw("beta")
+    assert sorted(p.name for p in house.root.iterdir()) == [".lock"]
+
+
+def test_index_session_without_wheels_fails_and_writes_nothing(tmp_path):
+    config = tmp_path / "rocmforge.toml"
+    config.write_text(
+        '[build]\nbackend = "cpu"\nwheelhouse = "wheelhouse"\n'
+        '[packages.first.source]\nkind = "path"\npath = "src"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", "index"],
+        env={**os.environ, "ROCMFORGE_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert (
+        f"{tmp_path / 'wheelhouse'}: no wheels to index; build some first, e.g. `nox -s first`" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rocmforge.toml"]
