@@ -36,7 +36,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from rocmforge import __version__, buildlog, compile_cache, provenance, recipes
-from rocmforge.config import Config, Package
+from rocmforge.config import VENV_TOOLS, Config, Package
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json
@@ -125,9 +125,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         key: value
         for key, value in {
             **shaping,
-            **buildenv.build_environment(cfg, name, facts, base_env=shaping),
-            **recipe.environment(ctx),
-            **pkg.env,
+            **buildenv.build_environment(cfg, name, facts, base_env=shaping, ctx=ctx),
         }.items()
         if not compile_cache.is_cache_variable(key)
     }
@@ -172,14 +170,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     log = buildlog.log_path(cfg.build.logs_dir, name)
     console.print(f"{name}: building from {checkout.path} (log: {log})", soft_wrap=True)
     _make_venv(cfg, venv, requirements, list(deps.values()), house, log, label=f"{name}: build venv")
-    env = {
-        **os.environ,
-        **buildenv.build_environment(cfg, name, facts, base_env=dict(os.environ)),
-        **recipe.environment(ctx),
-        **pkg.env,
-    }
-    env["VIRTUAL_ENV"] = str(venv)
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env = {**os.environ, **buildenv.build_environment(cfg, name, facts, base_env=dict(os.environ), ctx=ctx)}
     retries: list[str] = []
     compile_cache.zero_stats(cfg, env)
     while True:
@@ -389,10 +380,35 @@ def build_context(cfg: Config, name: str, checkout, deps: Mapping[str, Path]) ->
     return recipes.Context(cfg, cfg.package(name), checkout, python, work / "dist", deps)
 
 
+def planned_context(cfg: Config, name: str) -> recipes.Context:
+    """The recipe context a build of ``name`` would get, from what is on disk now: the checkout
+    already made (or None), the dependency wheels already published. Fetches and builds nothing."""
+    from rocmforge import sources
+
+    house = Wheelhouse(cfg.build.wheelhouse)
+    deps = {}
+    depends = list(cfg.package(name).depends)
+    for dep in cfg.build_order(depends) if depends else []:
+        wheel = _published(house, read_json(cfg.build.work_dir / dep / STATE_FILE))
+        if wheel is not None:
+            deps[dep] = wheel
+    return build_context(cfg, name, sources.existing(cfg, name), deps)
+
+
 def venv_requirements(recipe, ctx: recipes.Context) -> list[str]:
     """What the build venv installs from the index: the recipe's build requirements minus the
-    projects our dependency wheels provide. The air-gapped export downloads exactly this list."""
-    return _without(recipe.build_requirements(ctx), ctx.dependencies.values())
+    projects our dependency wheels provide, plus the package's tool pins (``cmake>=3.27,<4``,
+    :func:`tool_requirements`). The air-gapped export downloads exactly this list."""
+    return [
+        *_without(recipe.build_requirements(ctx), ctx.dependencies.values()),
+        *tool_requirements(ctx.package),
+    ]
+
+
+def tool_requirements(package: Package) -> list[str]:
+    """``[[packages.X.requires]]`` on a tool PyPI ships (``VENV_TOOLS``) as requirements: resolved
+    together with the build requirements, a bare ``cmake`` there gets a version inside the pin."""
+    return [f"{r.tool}{r.spec}" for r in package.requires if r.tool in VENV_TOOLS]
 
 
 def dependency_wheels(cfg: Config, name: str) -> dict[str, Path]:

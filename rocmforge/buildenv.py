@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import compile_cache
+from rocmforge import compile_cache, recipes
 from rocmforge.config import Config, Package
 from rocmforge.errors import UserError
 from rocmforge.host import HostFacts, RocmInstall, selected_rocm
@@ -101,13 +101,20 @@ def _flags(base: str | None, opt_level: str) -> str:
 
 
 def build_environment(
-    cfg: Config, package_name: str, facts: HostFacts, *, base_env: Mapping[str, str] | None = None
+    cfg: Config,
+    package_name: str,
+    facts: HostFacts,
+    *,
+    base_env: Mapping[str, str] | None = None,
+    ctx: recipes.Context | None = None,
 ) -> dict[str, str]:
     """The variables rocmforge sets for ``package_name``'s build (pure: no os.environ access).
 
     ``base_env`` is the environment the build starts from (default: the one recorded in
-    ``facts``); PATH-like variables extend it. The package's ``env`` table is merged last, so
-    a package can override anything.
+    ``facts``); PATH-like variables extend it. With the recipe context ``ctx`` (what the build
+    passes, and ``env PKG``) the recipe's variables follow (``VLLM_TARGET_DEVICE``, ...) and the
+    build venv comes first on PATH: everything the build gets. The package's ``env`` table is
+    merged last, so a package can override anything.
     """
     package = cfg.package(package_name)
     base = dict(facts.environ if base_env is None else base_env)
@@ -148,6 +155,12 @@ def build_environment(
     env["CFLAGS"] = _flags(base.get("CFLAGS"), cfg.build.opt_level)
     env["CXXFLAGS"] = _flags(base.get("CXXFLAGS"), cfg.build.opt_level)
     env.update(compile_cache.launcher_env(cfg, facts))
+    if ctx is not None:
+        env.update(recipes.get(package.recipe).environment(ctx, {**base, **env}))
+        # The venv's tools (cmake, ninja from the build requirements) run before the host's.
+        venv = ctx.python.parent.parent
+        env["VIRTUAL_ENV"] = str(venv)
+        env["PATH"] = _prepend([str(venv / "bin")], env.get("PATH", base.get("PATH")))
     env.update(package.env)
     return env
 
@@ -170,12 +183,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Print a package's build environment."""
     from rocmforge import host
+    from rocmforge.build import planned_context
     from rocmforge.config import load_config
 
     cfg = load_config()
     cfg.package(args.package)  # a one-line error for a name that is not configured
     facts = host.gather(build_dir=cfg.build.work_dir)
-    env = build_environment(cfg, args.package, facts, base_env=os.environ)
+    ctx = planned_context(cfg, args.package)
+    env = build_environment(cfg, args.package, facts, base_env=os.environ, ctx=ctx)
     if args.json:
         print(json.dumps(env, indent=2))
     elif args.shell:

@@ -45,6 +45,10 @@ RECIPES = ("pytorch", "triton", "vllm", "generic")
 SOURCE_KINDS = ("git", "pypi", "url", "path")
 # Tools a ``[[packages.X.requires]]`` entry may name: the ones the doctor knows how to measure.
 REQUIREMENT_TOOLS = ("gcc", "g++", "clang", "cmake", "ninja", "git", "python", "rocm", "nvcc")
+# Those among them a build venv installs from PyPI under the requirement's spec, so the build runs
+# that one (the venv's bin comes first on PATH), not the host's: requirements-build.txt's bare
+# `cmake` can then never bring CMake 4.
+VENV_TOOLS = ("cmake", "ninja")
 COMPILE_CACHES = ("none", "ccache", "sccache")
 CACHE_BACKENDS = ("local", "redis", "s3", "gcs")
 # The variables sccache and ccache read themselves; set in the environment they win over the

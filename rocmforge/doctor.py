@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from rocmforge.buildenv import GIB, parallel_jobs, pick_compilers, rocm_for_build, satisfies
-from rocmforge.config import Config, Package
+from rocmforge.config import VENV_TOOLS, Config, Package
 from rocmforge.errors import UserError
 from rocmforge.host import KEY_LIBRARIES, HostFacts, install_of
+from rocmforge.host import tool_version as run_tool_version
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 # Free space where builds go: a PyTorch tree with its build dir and ccache takes ~40 GB.
@@ -153,11 +154,30 @@ def tool_version(ctx: _Context, package: Package, tool: str) -> str | None:
     return f.compilers.get(tool) or f.tools.get(tool)
 
 
+def _venv_tool(ctx: _Context, package: Package, req) -> Check:
+    """A tool the build venv installs (``VENV_TOOLS``): the build runs that one, not the host's.
+
+    An existing venv is asked for its version; otherwise (or when that one misses the pin, so
+    the venv predates it and is remade) the venv will get a version inside the pin.
+    """
+    name = f"{package.name}: {req.tool} {req.spec}"
+    host = ctx.facts.tools.get(req.tool)
+    exe = ctx.cfg.build.work_dir / package.name / "venv" / "bin" / req.tool
+    version = run_tool_version(str(exe), req.tool, ctx.facts.environ) if exe.is_file() else None
+    if satisfies(version, req.spec):
+        return Check(name, OK, f"{req.tool} {version} in the build venv ({exe})")
+    not_used = f"host {req.tool} {host}" if host else f"no {req.tool} on the host"
+    return Check(name, OK, f"pip '{req.tool}{req.spec}' into the build venv ({not_used}: not used)")
+
+
 def _requirements(ctx: _Context) -> list[Check]:
     checks = []
     for package in ctx.packages:
         for req in package.requires:
             if req.tool == "rocm" and not ctx.rocm:
+                continue
+            if req.tool in VENV_TOOLS:
+                checks.append(_venv_tool(ctx, package, req))
                 continue
             version = tool_version(ctx, package, req.tool)
             name = f"{package.name}: {req.tool} {req.spec}"

@@ -299,6 +299,12 @@ def _run_version(argv: list[str], pattern: str, environ: Mapping[str, str]) -> s
     return m.group(1) if m else None
 
 
+def tool_version(exe: str, tool: str, environ: Mapping[str, str]) -> str | None:
+    """The version ``exe`` reports, read as ``TOOL_VERSIONS[tool]`` reads it (None when it fails)."""
+    args, pattern = TOOL_VERSIONS[tool]
+    return _run_version([exe, *args], pattern, environ)
+
+
 def compiler_version(exe: str, environ: Mapping[str, str]) -> str | None:
     """Version of a C/C++ compiler: gcc's ``-dumpfullversion``, clang's ``--version`` banner."""
     out = _run_version([exe, "--version"], r"(?s)(.*)", environ) or ""
@@ -579,9 +585,7 @@ def gather(
         cc_job = pool.submit(compiler_version, cc_exe, environ) if cc_exe else None
         cxx_job = pool.submit(compiler_version, cxx_exe, environ) if cxx_exe else None
         tool_jobs = {
-            name: pool.submit(_run_version, [path, *TOOL_VERSIONS[name][0]], TOOL_VERSIONS[name][1], environ)
-            for name, path in tool_paths.items()
-            if path
+            name: pool.submit(tool_version, path, name, environ) for name, path in tool_paths.items() if path
         }
         installs = find_rocm_installs(root, environ)
         cpus, online, quota = probe_cpus(root)

@@ -173,6 +173,19 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
     return checkout
 
 
+def existing(cfg: Config, name: str) -> Checkout | None:
+    """The checkout :func:`prepare` made last for ``name``, without fetching or patching anything;
+    None when there is none yet. For readers that must not touch the network (``env PKG``)."""
+    pkg = cfg.package(name)
+    if pkg.source is None:
+        return None
+    if pkg.source.kind == "path":
+        return _local_tree(pkg, pkg.source)
+    stamp = read_json(cfg.build.third_party / f".{name}.stamp.json")
+    tree = cfg.build.third_party / name
+    return Checkout.from_json(stamp["checkout"]) if stamp and tree.is_dir() else None
+
+
 @dataclass(frozen=True)
 class _Pin:
     commit: str | None  # what the commit must be (config, derived pin or lock); may be abbreviated

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import fakehost
 import pytest
 from fakehost import config
+from packaging.version import Version
 
 from rocmforge.buildenv import build_environment, shell_lines
 from rocmforge.errors import UserError
@@ -120,6 +123,10 @@ def test_debian_usr_rocm_does_not_reorder_system_paths(tmp_path):
     assert (env["ROCM_PATH"], env["HIP_PATH"]) == ("/usr", "/usr")
     assert env["PATH"] == "/usr/local/bin:/usr/bin"
     assert "LD_LIBRARY_PATH" not in env and "CMAKE_PREFIX_PATH" not in env
+    # Triton keeps ROCm off CMake's path, but ignoring /usr would hide the whole system.
+    ctx = _planned(tmp_path)[1]["triton"]
+    triton = build_environment(config(), "triton", real, base_env={"PATH": "/usr/bin"}, ctx=ctx)
+    assert "TRITON_APPEND_CMAKE_ARGS" not in triton and "CMAKE_PREFIX_PATH" not in triton
 
 
 def test_missing_rocm_and_bad_rocm_path_are_one_line_errors(tmp_path):
@@ -164,9 +171,134 @@ def test_env_command(tmp_path):
     out = subprocess.run(["sh", "-c", shell.stdout + 'printf %s "$MAX_JOBS"'], capture_output=True, text=True)
     doc = json.loads(run("vllm", "--json").stdout)
     assert out.stdout == doc["MAX_JOBS"] and int(doc["MAX_JOBS"]) >= 1
+    # Everything the build gets, the recipe's variables included.
+    assert (doc["VLLM_TARGET_DEVICE"], doc["SETUPTOOLS_SCM_PRETEND_VERSION"]) == ("rocm", "0.33.0")
+    assert doc["VIRTUAL_ENV"] == str(ROOT / "build/vllm/venv")
     bad = run("vllm", ROCM_PATH=str(tmp_path / "nope"))
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         f"rocmforge env: error: ROCM_PATH={tmp_path / 'nope'} does not exist; unset it or point it at a "
         "ROCm install (e.g. /opt/rocm-7.2.0)"
     ]
+
+
+def _planned(tmp_path, **packages):
+    from rocmforge.build import planned_context
+
+    cfg = config(
+        packages=packages,
+        work_dir=str(tmp_path / "work"),
+        wheelhouse=str(tmp_path / "wheelhouse"),
+        third_party=str(tmp_path / "third_party"),
+    )
+    return cfg, {name: planned_context(cfg, name) for name in ("pytorch", "triton", "vllm")}
+
+
+def test_recipe_variables_are_part_of_the_build_environment(tmp_path):
+    """One function gives everything a build gets: generic, recipe, venv on PATH, package env."""
+    facts = facts_for(tmp_path)
+    cfg, ctx = _planned(tmp_path)
+    vllm = build_environment(cfg, "vllm", facts, ctx=ctx["vllm"])
+    assert (vllm["VLLM_TARGET_DEVICE"], vllm["SETUPTOOLS_SCM_PRETEND_VERSION"]) == ("rocm", "0.33.0")
+    venv = tmp_path / "work/vllm/venv"
+    assert vllm["VIRTUAL_ENV"] == str(venv) and vllm["PATH"].startswith(f"{venv}/bin:")
+    torch = build_environment(cfg, "pytorch", facts, ctx=ctx["pytorch"])
+    # Tests, MPI and NUMA stay off unless asked for, whatever the build host has installed.
+    assert [torch[k] for k in ("BUILD_TEST", "USE_MPI", "USE_NUMA")] == ["0", "0", "0"]
+    assert torch["PYTORCH_BUILD_VERSION"] == "2.13.0+rocm7.2" and "AOTRITON_INSTALLED_PREFIX" not in torch
+    options = {"build_test": True, "use_numa": True, "aotriton_prefix": "/srv/aotriton"}
+    cfg, ctx = _planned(tmp_path, pytorch={"options": options})
+    torch = build_environment(cfg, "pytorch", facts, ctx=ctx["pytorch"])
+    assert [torch[k] for k in ("BUILD_TEST", "USE_MPI", "USE_NUMA")] == ["1", "0", "1"]
+    assert torch["AOTRITON_INSTALLED_PREFIX"] == "/srv/aotriton"
+    # The package's env table still has the last word.
+    cfg, ctx = _planned(tmp_path, vllm={"env": {"VLLM_TARGET_DEVICE": "empty"}})
+    assert build_environment(cfg, "vllm", facts, ctx=ctx["vllm"])["VLLM_TARGET_DEVICE"] == "empty"
+
+
+def _find_llvm(tmp_path, env, extra_args=()):
+    """Where a real CMake's find_package(LLVM) lands with ``env`` (None: not found)."""
+    project = tmp_path / "cmake-project"
+    fakehost.write(
+        project / "CMakeLists.txt",
+        "cmake_minimum_required(VERSION 3.20)\nproject(p NONE)\nfind_package(LLVM CONFIG QUIET)\n"
+        'message(STATUS "LLVM_DIR=${LLVM_DIR}")\n',
+    )
+    build = tmp_path / f"cmake-build-{len(list(tmp_path.glob('cmake-build-*')))}"
+    proc = subprocess.run(
+        [
+            shutil.which("cmake"),
+            "-S",
+            str(project),
+            "-B",
+            str(build),
+            f"-DCMAKE_MAKE_PROGRAM={shutil.which('make')}",
+            *extra_args,
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": env["PATH"], "CMAKE_PREFIX_PATH": env.get("CMAKE_PREFIX_PATH", "")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = proc.stdout.split("LLVM_DIR=")[1].splitlines()[0]
+    return None if found.endswith("NOTFOUND") else found
+
+
+@pytest.mark.skipif(not shutil.which("cmake"), reason="needs cmake")
+def test_triton_build_sees_no_rocm_on_cmakes_search_path(tmp_path):
+    """ROCm's own LLVM must not be what MLIR's find_package(LLVM) picks for Triton (TheRock hit this)."""
+    rocm = tmp_path / "opt/rocm-7.2.0"
+    facts = facts_for(tmp_path, extra_env={"CMAKE_PREFIX_PATH": f"{rocm}:/srv/other"})
+    fakehost.write(rocm / "llvm/lib/cmake/llvm/LLVMConfig.cmake", "set(LLVM_PACKAGE_VERSION 20.0.0)\n")
+    cfg, ctx = _planned(tmp_path)
+    triton = build_environment(cfg, "triton", facts, ctx=ctx["triton"])
+    assert triton["CMAKE_PREFIX_PATH"] == "/srv/other"
+    assert triton["TRITON_APPEND_CMAKE_ARGS"] == f"-DCMAKE_IGNORE_PREFIX_PATH={rocm}"
+    torch = build_environment(cfg, "pytorch", facts, ctx=ctx["pytorch"])
+    assert torch["CMAKE_PREFIX_PATH"].split(":")[0] == str(rocm)  # PyTorch needs find_package(hip)
+    # Real CMake: with PyTorch's environment ROCm's LLVM is found; with Triton's (setup.py appends
+    # TRITON_APPEND_CMAKE_ARGS to its cmake call) it is not, although <rocm>/bin stays on PATH.
+    assert _find_llvm(tmp_path, torch) == str(rocm / "llvm/lib/cmake/llvm")
+    assert triton["PATH"].split(":").count(f"{rocm}/bin") == 1
+    found = _find_llvm(tmp_path, triton, shlex.split(triton["TRITON_APPEND_CMAKE_ARGS"]))
+    assert found is None or not found.startswith(str(rocm))  # the host's own LLVM may be found
+
+
+@pytest.mark.network
+def test_build_venv_gets_the_pinned_cmake_not_cmake_4(tmp_path):
+    """PyTorch's requirements-build.txt says just `cmake`; the pin (>=3.27,<4) is resolved with it."""
+    from types import SimpleNamespace
+
+    from rocmforge import build, recipes
+
+    tree = tmp_path / "pytorch"
+    fakehost.write(tree / "requirements-build.txt", "setuptools\ncmake\nninja\n")
+    cfg, _ = _planned(tmp_path)
+    ctx = recipes.Context(cfg, cfg.package("pytorch"), SimpleNamespace(project_dir=tree), Path(), Path(), {})
+    wanted = build.venv_requirements(recipes.get("pytorch"), ctx)
+    assert wanted == ["build", "wheel", "setuptools", "cmake", "ninja", "cmake>=3.27,<4"]
+    # Resolved by uv as the build venv's install resolves it: bare `cmake` alone takes CMake 4.
+    pins = {}
+    for reqs in (wanted, ["cmake"]):
+        proc = subprocess.run(
+            [
+                build.uv_binary(),
+                "pip",
+                "compile",
+                "-q",
+                "--no-header",
+                "--no-annotate",
+                "--python-version",
+                "3.11",
+                "-",
+            ],
+            input="\n".join(reqs),
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0 and "Failed to fetch" in proc.stderr:
+            pytest.skip("PyPI is not reachable")
+        assert proc.returncode == 0, proc.stderr
+        pins[len(reqs)] = next(line for line in proc.stdout.splitlines() if line.startswith("cmake=="))
+    pinned, bare = (Version(pins[n].split("==")[1]) for n in (len(wanted), 1))
+    assert Version("3.27") <= pinned < Version("4") <= bare

@@ -53,14 +53,34 @@ def test_passing_path_on_a_fake_rocm_host(tmp_path):
 
 def test_requirements_come_from_the_config(tmp_path):
     facts = healthy_host(tmp_path)
-    requires = [{"tool": "cmake", "spec": "<3.30", "why": "made-up pin for this test"}]
+    requires = [{"tool": "gcc", "spec": "<13", "why": "made-up pin for this test"}]
     checks = by_name(run_checks(config(packages={"triton": {"requires": requires}}), facts))
-    row = checks["triton: cmake <3.30"]
-    assert (row.status, row.found) == (FAIL, "cmake 3.31.6")
-    assert row.fix.startswith("pip install 'cmake<3.30'") and row.fix.endswith("made-up pin for this test")
-    with pytest.raises(UserError, match=r"triton: cmake <3\.30: cmake 3\.31\.6") as err:
+    row = checks["triton: gcc <13"]
+    assert (row.status, row.found) == (FAIL, "gcc 13.2.0")
+    assert row.fix.startswith("install gcc-") and row.fix.endswith("made-up pin for this test")
+    with pytest.raises(UserError, match=r"triton: gcc <13: gcc 13\.2\.0") as err:
         require_ok(config(packages={"triton": {"requires": requires}}), facts, ["triton"])
     assert err.value.exit_code == 1
+
+
+def test_cmake_is_checked_in_the_build_venv_not_on_the_host(tmp_path):
+    """The build runs the venv's cmake (installed under the pin), whatever the host has."""
+    facts = healthy_host(tmp_path)  # host cmake 3.31.6
+    requires = [{"tool": "cmake", "spec": "<3.30", "why": "made-up pin for this test"}]
+    cfg = config(packages={"triton": {"requires": requires}}, work_dir=str(tmp_path / "work"))
+    row = by_name(run_checks(cfg, facts))["triton: cmake <3.30"]
+    assert (row.status, row.found) == (
+        OK,
+        "pip 'cmake<3.30' into the build venv (host cmake 3.31.6: not used)",
+    )
+    # Once the venv exists, its cmake is the one asked.
+    venv_cmake = fakehost.tool(tmp_path / "work/triton/venv/bin", "cmake", "cmake version 3.29.9")
+    row = by_name(run_checks(cfg, facts))["triton: cmake <3.30"]
+    assert (row.status, row.found) == (OK, f"cmake 3.29.9 in the build venv ({venv_cmake})")
+    # A venv made before the pin (cmake 4) is remade under it, so the pin is what counts.
+    fakehost.tool(tmp_path / "work/triton/venv/bin", "cmake", "cmake version 4.1.0")
+    row = by_name(run_checks(cfg, facts))["triton: cmake <3.30"]
+    assert row.found.startswith("pip 'cmake<3.30' into the build venv")
 
 
 def test_common_failures(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from rocmforge.recipes import Context, pyproject_build_requires
@@ -24,8 +25,9 @@ class Generic:
         declared = pyproject_build_requires(self.project_dir(ctx.checkout))
         return ["build", *(_LEGACY_BUILD_REQUIRES if declared is None else declared)]
 
-    def environment(self, ctx: Context) -> dict[str, str]:
-        """Variables this recipe adds to the build environment (the config's env comes later)."""
+    def environment(self, ctx: Context, env: Mapping[str, str]) -> dict[str, str]:
+        """Variables this recipe adds to (or replaces in) ``env``, the generic build environment
+        :func:`rocmforge.buildenv.build_environment` made so far; the config's ``env`` comes later."""
         return {}
 
     def prepare_commands(self, ctx: Context) -> list[list[str]]:

@@ -6,10 +6,16 @@ Options (``[packages.pytorch.options]``):
   deciding from the arch list.
 - ``rocm_libraries`` (bool, default true): false for a torch-like tree that links only the HIP
   runtime (the stack rehearsal's minitorch); the doctor then stops requiring rocBLAS, MIOpen, RCCL.
+- ``build_test``, ``use_mpi``, ``use_numa`` (bool, default false): ``BUILD_TEST``, ``USE_MPI``,
+  ``USE_NUMA``. PyTorch builds its C++ tests and links MPI and libnuma whenever the build host
+  happens to have them; a wheel for other machines wants none of that unless asked for.
+- ``aotriton_prefix`` (path): ``AOTRITON_INSTALLED_PREFIX``, an AOTriton install to use instead of
+  the one PyTorch's CMake downloads from GitHub (needed offline; docs/sources.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from rocmforge.recipes import Context, read_requirements
@@ -24,6 +30,9 @@ AOTRITON_ARCHS = frozenset({"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", 
 # or installing torch drags a second Triton in from PyPI.
 TRITON_PROJECTS = {"triton", "pytorch-triton-rocm", "pytorch-triton"}
 
+# option -> PyTorch's variable; all off unless the config turns them on (see the module doc).
+OFF_BY_DEFAULT = {"build_test": "BUILD_TEST", "use_mpi": "USE_MPI", "use_numa": "USE_NUMA"}
+
 
 class PyTorch(Generic):
     name = "pytorch"
@@ -37,24 +46,27 @@ class PyTorch(Generic):
                 return ["build", "wheel", *read_requirements(root / name)]
         return super().build_requirements(ctx)
 
-    def environment(self, ctx: Context) -> dict[str, str]:
+    def environment(self, ctx: Context, env: Mapping[str, str]) -> dict[str, str]:
         backend = ctx.cfg.build.backend
-        env = {
+        out = {
             "USE_ROCM": "1" if backend == "rocm" else "0",
             "USE_CUDA": "1" if backend == "cuda" else "0",
             "PYTORCH_BUILD_NUMBER": str(ctx.option("build_number", 1)),
+            **{var: "1" if ctx.option(option, False) else "0" for option, var in OFF_BY_DEFAULT.items()},
         }
+        if ctx.option("aotriton_prefix"):
+            out["AOTRITON_INSTALLED_PREFIX"] = str(ctx.option("aotriton_prefix"))
         version = ctx.version
         if version:
             label = ctx.package.local_version
-            env["PYTORCH_BUILD_VERSION"] = f"{version}+{label}" if label else version
+            out["PYTORCH_BUILD_VERSION"] = f"{version}+{label}" if label else version
         if backend == "rocm":
             wanted = ctx.option("flash_attention", None)
             if wanted is None:
                 wanted = all(a.split(":")[0] in AOTRITON_ARCHS for a in ctx.cfg.build.arch)
             flag = "1" if wanted else "0"
-            env["USE_FLASH_ATTENTION"] = env["USE_MEM_EFF_ATTENTION"] = flag
-        return env
+            out["USE_FLASH_ATTENTION"] = out["USE_MEM_EFF_ATTENTION"] = flag
+        return out
 
     def prepare_commands(self, ctx: Context) -> list[list[str]]:
         if ctx.cfg.build.backend != "rocm":
@@ -76,7 +88,7 @@ class PyTorch(Generic):
     def native_local_version(self, ctx: Context) -> bool:
         # PYTORCH_BUILD_VERSION carries it, when the version is known; else torch names itself
         # (version.txt + git sha) and the wheel is relabelled.
-        return "PYTORCH_BUILD_VERSION" in self.environment(ctx)
+        return "PYTORCH_BUILD_VERSION" in self.environment(ctx, {})
 
 
 def _has_build_backend(root: Path) -> bool:

@@ -6,12 +6,21 @@ Options (``[packages.triton.options]``):
 
 Triton downloads LLVM and other tools into ``TRITON_HOME`` (``<cache_dir>/triton``), shared by
 every build of this user.
+
+ROCm stays off CMake's search path: with the ROCm root in ``CMAKE_PREFIX_PATH`` (or found through
+``<rocm>/bin`` on ``PATH``) MLIR's ``find_package(LLVM)`` can pick ROCm's own LLVM instead of the
+one Triton pins, and the build fails late or links the wrong LLVM (TheRock hit this). Triton
+compiles no HIP code, so it loses nothing.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
+from collections.abc import Mapping
 from pathlib import Path
 
+from rocmforge.buildenv import SYSTEM_DIRS
 from rocmforge.errors import UserError
 from rocmforge.recipes import Context, read_requirements
 from rocmforge.recipes.generic import Generic
@@ -32,8 +41,8 @@ class Triton(Generic):
                 return ["build", "wheel", *read_requirements(path)]
         return super().build_requirements(ctx)
 
-    def environment(self, ctx: Context) -> dict[str, str]:
-        env = {
+    def environment(self, ctx: Context, env: Mapping[str, str]) -> dict[str, str]:
+        out = {
             "TRITON_HOME": str(ctx.cfg.build.cache_dir / "triton"),
             "TRITON_BUILD_WITH_CCACHE": "true" if ctx.cfg.build.compile_cache == "ccache" else "false",
         }
@@ -46,8 +55,31 @@ class Triton(Generic):
         if llvm:
             # Offline: Triton's setup.py takes LLVM and the json headers from these paths
             # instead of downloading them.
-            env.update(TRITON_OFFLINE_BUILD="1", LLVM_SYSPATH=str(llvm), JSON_SYSPATH=str(json_dir))
-        return env
+            out.update(TRITON_OFFLINE_BUILD="1", LLVM_SYSPATH=str(llvm), JSON_SYSPATH=str(json_dir))
+        rocm = env.get("ROCM_PATH")
+        # A distro ROCm in /usr cannot be hidden without hiding the whole system from CMake.
+        if rocm and not SYSTEM_DIRS.fullmatch(rocm.rstrip("/")):
+            out.update(_without_rocm(env, rocm))
+        return out
+
+
+def _without_rocm(env: Mapping[str, str], rocm: str) -> dict[str, str]:
+    """``CMAKE_PREFIX_PATH`` without the ROCm root, and CMake told to ignore that prefix.
+
+    Set even when empty, since the build starts from the caller's environment. PATH keeps
+    ``<rocm>/bin`` (CMake would derive the prefix from it), hence ``CMAKE_IGNORE_PREFIX_PATH``
+    (CMake >= 3.23; older ones warn that it is unused), passed through Triton's setup.py.
+    """
+    root = os.path.normpath(rocm)
+    kept = [
+        p for p in env.get("CMAKE_PREFIX_PATH", "").split(os.pathsep) if p and os.path.normpath(p) != root
+    ]
+    extra = env.get("TRITON_APPEND_CMAKE_ARGS", "")
+    ignore = f"-DCMAKE_IGNORE_PREFIX_PATH={root}"
+    return {
+        "CMAKE_PREFIX_PATH": os.pathsep.join(kept),
+        "TRITON_APPEND_CMAKE_ARGS": extra if ignore in shlex.split(extra) else f"{extra} {ignore}".strip(),
+    }
 
 
 RECIPE = Triton()

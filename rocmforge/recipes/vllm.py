@@ -15,6 +15,7 @@ Options (``[packages.vllm.options]``):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -52,18 +53,18 @@ class VLLM(Generic):
             )
         return ["build", *(r for r in reqs if canonicalize_name(Requirement(r).name) not in _FROM_WHEELHOUSE)]
 
-    def environment(self, ctx: Context) -> dict[str, str]:
-        env = {"VLLM_TARGET_DEVICE": self.target_device(ctx)}
+    def environment(self, ctx: Context, env: Mapping[str, str]) -> dict[str, str]:
+        out = {"VLLM_TARGET_DEVICE": self.target_device(ctx)}
         version = ctx.version
         if version:
             # A patched git checkout would otherwise version itself "...dirty" via setuptools-scm.
-            env["SETUPTOOLS_SCM_PRETEND_VERSION"] = version
+            out["SETUPTOOLS_SCM_PRETEND_VERSION"] = version
         kernels = _triton_kernels_dir(ctx)
         if kernels:
-            env["TRITON_KERNELS_SRC_DIR"] = str(kernels)
+            out["TRITON_KERNELS_SRC_DIR"] = str(kernels)
         if ctx.option("rust_frontend", False):
-            env["VLLM_REQUIRE_RUST_FRONTEND"] = "1"
-        return env
+            out["VLLM_REQUIRE_RUST_FRONTEND"] = "1"
+        return out
 
 
 def _provides_torch(wheel: Path) -> bool:
@@ -71,13 +72,20 @@ def _provides_torch(wheel: Path) -> bool:
 
 
 def _triton_kernels_dir(ctx: Context) -> Path | None:
-    """The ``triton_kernels`` package inside our Triton checkout, for vLLM's CMake to use."""
+    """The ``triton_kernels`` package inside our Triton checkout, for vLLM's CMake to use.
+
+    The checkout already made (Triton is built before vLLM); asking for the environment fetches
+    nothing."""
     from rocmforge import sources
 
-    for dep in ctx.dependencies:
+    depends = list(ctx.package.depends)
+    for dep in ctx.cfg.build_order(depends) if depends else []:
         pkg = ctx.cfg.package(dep)
         if pkg.recipe == "triton" and pkg.source is not None:
-            path = Path(sources.prepare(ctx.cfg, dep).path) / "python" / "triton_kernels" / "triton_kernels"
+            checkout = sources.existing(ctx.cfg, dep)
+            if checkout is None:
+                return None
+            path = Path(checkout.path) / "python" / "triton_kernels" / "triton_kernels"
             return path if path.is_dir() else None
     return None
 
