@@ -1,85 +1,182 @@
-"""Accuracy of ``rocmforge.diagnose`` on the real fixtures, per split (train or held-out).
+"""How well ``rocmforge.diagnose`` names the cause of real failures, judged on a split by thread.
 
-The split is a fixed function of the file name (see ``tests/data/diagnose/README.md``), decided
-before the classifier was tuned: tune on ``--train``, report ``--held-out``. ``--fresh`` is a
-third set, ``tests/data/diagnose/fresh/``, gathered only after the classifier was frozen
-(commit ac32f62); ``--fresh2``, ``fresh2/``, only after the second freeze (d441963), which
-had learnt from the first fresh set's misses; ``--fresh3``, ``fresh3/``, gathered before the
-third round of tuning, which learnt from the fresh2 and fresh3 misses.
+Every fixture under ``tests/data/diagnose/`` is an excerpt of one public issue thread (its
+``# source:`` URL) with the category a ROCm engineer would give it from the thread's resolution
+(``# category:``). The corpus is split by *thread*, never by file: a thread is in the TEST split
+when the first byte of ``sha256("owner/repo#number")`` is below ``TEST_BELOW`` (about 30 %),
+otherwise in DEV. The rule depends only on the thread, so adding excerpts never moves old ones
+and no thread can be in both halves. The split was fixed (commit "diagnose_eval: split the corpus
+by thread") before the engine was changed for issue 15.
+
+Tune on DEV only: ``python tests/diagnose_eval.py`` prints DEV's accuracy, unknown rate,
+per-category precision/recall and the confusion matrix. ``--test`` scores the TEST split; it
+prints only the aggregate unless ``--report`` is given, so the split can be measured "before"
+without reading its errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import sys
 from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Run as a script from the checkout: make ``rocmforge`` importable without installing it.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "diagnose"
-# The blind sets, each gathered after the classifier was frozen, never tuned on before scoring.
-BLIND_SETS = ("fresh", "fresh2", "fresh3")
+TEST_BELOW = 77  # of 256: the share of threads in the test split, about 30 %
+_THREAD = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull|discussions)/(\d+)")
 
 
-def is_held_out(path: Path) -> bool:
-    """The fixed split: about one third of the fixtures, chosen by a hash of the file name."""
-    return hashlib.sha256(path.name.encode()).digest()[0] < 86
+@dataclass(frozen=True)
+class Excerpt:
+    """One fixture: where it came from and the category its thread's resolution supports."""
+
+    path: Path
+    url: str
+    category: str
+
+    @property
+    def thread(self) -> str:
+        """``owner/repo#number`` (GitHub), else the URL: the unit the split keeps together."""
+        m = _THREAD.match(self.url)
+        return f"{m.group(1).lower()}#{m.group(2)}" if m else self.url.rstrip("/").lower()
 
 
-def fixtures(split: str) -> list[tuple[Path, str]]:
-    """(path, expected category) of every fixture in one split: train, held-out or a blind set."""
+def in_test_split(thread: str) -> bool:
+    """The fixed split: a thread is TEST when the first byte of its sha256 is below TEST_BELOW."""
+    return hashlib.sha256(thread.encode()).digest()[0] < TEST_BELOW
+
+
+def corpus() -> list[Excerpt]:
+    """Every fixture, in every directory (the directories record when it was gathered)."""
     out = []
-    directory = FIXTURES / split if split in BLIND_SETS else FIXTURES
-    for path in sorted(directory.glob("*.log")):
-        if directory is FIXTURES and is_held_out(path) != (split == "held-out"):
-            continue
-        for line in path.read_text().splitlines():
-            if line.startswith("# category:"):
-                out.append((path, line.split(":", 1)[1].strip()))
-                break
+    for path in sorted(FIXTURES.rglob("*.log")):
+        head = path.read_text(errors="replace").splitlines()[:2]
+        url = head[0].removeprefix("# source:").strip()
+        category = head[1].removeprefix("# category:").strip()
+        out.append(Excerpt(path, url, category))
     return out
 
 
-def evaluate(split: str) -> tuple[int, int, Counter]:
-    """(correct, total, confusions {(expected, got): count}) for one split."""
-    from rocmforge.diagnose import diagnose_file
+def split(name: str) -> list[Excerpt]:
+    """``dev``, ``test`` or ``all``."""
+    items = corpus()
+    if name == "all":
+        return items
+    return [e for e in items if in_test_split(e.thread) == (name == "test")]
 
-    correct, confusions = 0, Counter()
-    items = fixtures(split)
-    for path, expected in items:
-        got = diagnose_file(path).category
-        if got == expected:
-            correct += 1
-        else:
-            confusions[(expected, got)] += 1
-    return correct, len(items), confusions
+
+def folds(items: Sequence[Excerpt], k: int) -> list[list[Excerpt]]:
+    """k folds by thread (a thread's excerpts share a fold), from a hash, so they never change."""
+    out: list[list[Excerpt]] = [[] for _ in range(k)]
+    for e in items:
+        out[int.from_bytes(hashlib.sha256(b"fold:" + e.thread.encode()).digest()[:4], "big") % k].append(e)
+    return out
+
+
+@dataclass
+class Report:
+    """Right and wrong answers on a set of excerpts."""
+
+    total: int = 0
+    correct: int = 0
+    unknown: int = 0
+    confusion: Counter = field(default_factory=Counter)  # (expected, got) -> count
+    misses: list[tuple[str, str, str]] = field(default_factory=list)  # (file, expected, got)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(self.total, 1)
+
+    @property
+    def unknown_rate(self) -> float:
+        return self.unknown / max(self.total, 1)
+
+    def precision_recall(self, category: str) -> tuple[float | None, float | None, int]:
+        """(precision, recall, support) of one category; None where nothing to divide by."""
+        tp = self.confusion[(category, category)]
+        predicted = sum(n for (_, got), n in self.confusion.items() if got == category)
+        actual = sum(n for (exp, _), n in self.confusion.items() if exp == category)
+        return (tp / predicted if predicted else None, tp / actual if actual else None, actual)
+
+
+def score(items: Sequence[Excerpt], classify: Callable[[Path], str] | None = None) -> Report:
+    """Run the classifier (``diagnose_file(path).category`` by default) on each excerpt."""
+    if classify is None:
+        from rocmforge.diagnose import diagnose_file
+
+        def classify(path: Path) -> str:
+            return diagnose_file(path).category
+
+    report = Report()
+    for e in items:
+        got = classify(e.path)
+        report.total += 1
+        report.correct += got == e.category
+        report.unknown += got == "unknown"
+        report.confusion[(e.category, got)] += 1
+        if got != e.category:
+            report.misses.append((str(e.path.relative_to(FIXTURES)), e.category, got))
+    return report
+
+
+def _pct(x: float | None) -> str:
+    return "   - " if x is None else f"{x:5.0%}"
+
+
+def print_report(name: str, report: Report, *, details: bool) -> None:
+    """The aggregate line; with ``details`` per-category precision/recall and the confusion matrix."""
+    print(
+        f"{name}: {report.correct}/{report.total} = {report.accuracy:.1%} right cause, "
+        f"{report.unknown}/{report.total} = {report.unknown_rate:.1%} unknown"
+    )
+    if not details:
+        return
+    from rocmforge.diagnose import CATEGORIES
+
+    cats = [c for c in CATEGORIES if any(c in pair for pair in report.confusion)]
+    print(f"\n{'category':<24} {'prec':>5} {'recall':>6} {'n':>4}")
+    for c in cats:
+        p, r, n = report.precision_recall(c)
+        print(f"{c:<24} {_pct(p)} {_pct(r):>6} {n:>4}")
+    print("\nconfusion (rows: expected, columns: got, in the order of the rows)")
+    print(" " * 24 + " ".join(f"{i:>3}" for i in range(len(cats))))
+    for i, exp in enumerate(cats):
+        row = " ".join(f"{report.confusion[(exp, got)] or '.':>3}" for got in cats)
+        print(f"{i:>2} {exp:<21}{row}")
+    if report.misses:
+        print("\nmisses:")
+        for name_, exp, got in report.misses:
+            print(f"  {name_}: expected {exp}, got {got}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--train", action="store_true")
-    group.add_argument("--held-out", action="store_true")
-    for name in BLIND_SETS:
-        group.add_argument(f"--{name}", action="store_true")
-    parser.add_argument("-v", action="store_true", help="name each misclassified fixture")
+    parser.add_argument("--test", action="store_true", help="score the TEST split (aggregate only)")
+    parser.add_argument("--report", action="store_true", help="with --test: the full report too")
+    parser.add_argument("--all", action="store_true", help="score the whole corpus")
+    parser.add_argument("--stats", action="store_true", help="corpus size, sources and split")
     args = parser.parse_args()
-    chosen = [name for name in BLIND_SETS if getattr(args, name)]
-    name = "held-out" if args.held_out else chosen[0] if chosen else "train"
-    correct, total, confusions = evaluate(name)
-    print(f"{name}: {correct}/{total} = {correct / max(total, 1):.1%}")
-    for (expected, got), n in confusions.most_common():
-        print(f"  {expected} -> {got}: {n}")
-    if args.v:
-        from rocmforge.diagnose import diagnose_file
-
-        for path, expected in fixtures(name):
-            got = diagnose_file(path).category
-            if got != expected:
-                print(f"  {path.name}: expected {expected}, got {got}")
+    if args.stats:
+        items = corpus()
+        repos = Counter(e.thread.split("#")[0] for e in items)
+        test = split("test")
+        print(
+            f"{len(items)} excerpts from {len({e.thread for e in items})} threads in {len(repos)} "
+            f"repositories; test split {len(test)} excerpts ({len(test) / len(items):.0%}), "
+            f"dev {len(items) - len(test)}"
+        )
+        for repo, n in repos.most_common(15):
+            print(f"  {n:>3} {repo}")
+        return
+    name = "test" if args.test else "all" if args.all else "dev"
+    print_report(name, score(split(name)), details=not args.test or args.report)
 
 
 if __name__ == "__main__":
