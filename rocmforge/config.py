@@ -608,11 +608,37 @@ def _directory(t: _Table, root: Path, name: str, default: str) -> Path:
     return _path(root, text)
 
 
-def _retry(t: _Table) -> tuple[str, ...]:
-    """``build.retry``: failure categories to retry with their remedy (see docs/diagnose.md)."""
-    from rocmforge.diagnose import check_retry_categories
+# The diagnosis categories live with the diagnose rules; config reads only their names, so it
+# needs no import of the engine (which itself reads Config).
+DIAGNOSE_RULES = Path(__file__).with_name("diagnose_rules.toml")
 
-    return check_retry_categories(t.strings("retry"), key=t.key("retry"))
+
+def diagnosis_categories() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(every diagnosis category, the retryable ones), from ``diagnose_rules.toml``."""
+    with open(DIAGNOSE_RULES, "rb") as f:
+        categories = tomllib.load(f)["categories"]
+    return (*categories, "unknown"), tuple(c for c, spec in categories.items() if spec.get("retryable"))
+
+
+def _retry(t: _Table) -> tuple[str, ...]:
+    """``build.retry``: failure categories that have a mechanical remedy (see docs/diagnose.md)."""
+    names = t.strings("retry")
+    if not names:
+        return ()
+    categories, retryable = diagnosis_categories()
+    for name in names:
+        if name not in categories:
+            close = difflib.get_close_matches(name, categories, n=1)
+            guess = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(
+                f"{t.key('retry')}: {name!r} is not a diagnosis category; {guess}"
+                f"retryable: {', '.join(retryable)}"
+            )
+        if name not in retryable:
+            raise UserError(
+                f"{t.key('retry')}: {name!r} has no automatic remedy; retryable: {', '.join(retryable)}"
+            )
+    return tuple(names)
 
 
 def parse_config(data: Mapping[str, Any], *, path: Path, environ: Mapping[str, str] | None = None) -> Config:

@@ -34,36 +34,22 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from rocmforge.errors import UserError
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 if TYPE_CHECKING:
     from rocmforge.config import Config
 
-CATEGORIES = (
-    "arch_not_specified",
-    "arch_unsupported",
-    "arch_mismatch",
-    "compiler_version",
-    "compiler_crash",
-    "oom_compiler",
-    "cmake_hip_not_found",
-    "missing_library_link",
-    "link_flags",
-    "missing_library_runtime",
-    "version_mismatch",
-    "build_isolation_torch",
-    "cuda_check_on_rocm",
-    "hipify",
-    "network_fetch",
-    "no_gpu_visible",
-    "device_permission",
-    "unknown",
-)
-# Categories whose fix is mechanical and safe enough to retry automatically (``build.retry``).
-RETRYABLE = ("compiler_crash", "oom_compiler")
 
+RULES_FILE = Path(__file__).with_name("diagnose_rules.toml")
 # Below this score nothing in the log is a known failure: the category is ``unknown``.
 MIN_SCORE = 5.0
 MAX_EVIDENCE = 5
@@ -140,7 +126,8 @@ class Signal:
 
     Named groups in ``pattern`` (``lib``, ``arch``, ``prog``, ``pkg``, ``header``, ``symbol``,
     ``url``, ``var``, ``version``) are captured as details for the hint. ``unless`` is a
-    pattern that, on the same line, means something else is going on.
+    pattern that, on the same line, means something else is going on. ``example`` is a line
+    the pattern must match (checked by a test for every rule).
     """
 
     name: str
@@ -149,748 +136,93 @@ class Signal:
     weight: float
     pattern: re.Pattern[str]
     unless: re.Pattern[str] | None = None
+    family: str = ""
+    example: str = ""
 
 
-def _sig(
-    name: str, needles: tuple[str, ...], category: str, weight: float, pattern: str, unless: str | None = None
-) -> Signal:
-    return Signal(
-        name, needles, category, weight, re.compile(pattern), re.compile(unless) if unless else None
+@dataclass(frozen=True)
+class Rules:
+    """The contents of ``diagnose_rules.toml``, validated and compiled."""
+
+    categories: tuple[str, ...]  # the causes, then "unknown"
+    family_names: tuple[str, ...]
+    retryable: tuple[str, ...]
+    families: Mapping[str, str]  # category -> the kind of tool whose failure usually shows it
+    signals: tuple[Signal, ...]
+    follow_up_needles: tuple[str, ...]
+    follow_up: re.Pattern[str]
+    follow_up_examples: tuple[str, ...]
+
+
+_MACRO = re.compile(r"<<(\w+)>>")
+_SIGNAL_KEYS = {"name", "category", "weight", "needles", "pattern", "unless", "family", "example"}
+
+
+def load_rules(path: Path = RULES_FILE) -> Rules:
+    """Read and check the rules file; a mistake in it is a bug, reported with the rule's name."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    categories = data["categories"]
+    family_names = tuple(data["families"])
+    macros = data.get("macros", {})
+    for c, spec in categories.items():
+        if spec.get("family") not in family_names:
+            raise ValueError(f"{path}: category {c}: family {spec.get('family')!r} not in {family_names}")
+
+    def compile_(text: str, where: str) -> re.Pattern[str]:
+        def expand(m: re.Match[str]) -> str:
+            if m.group(1) not in macros:
+                raise ValueError(f"{path}: {where}: unknown macro <<{m.group(1)}>>")
+            return macros[m.group(1)]
+
+        return re.compile(_MACRO.sub(expand, text))
+
+    signals = []
+    for spec in data["signal"]:
+        name = spec.get("name", "?")
+        if set(spec) - _SIGNAL_KEYS or not {"name", "category", "weight", "needles", "pattern"} <= set(spec):
+            raise ValueError(f"{path}: signal {name}: keys {sorted(spec)}; allowed {sorted(_SIGNAL_KEYS)}")
+        if spec["category"] not in categories:
+            raise ValueError(f"{path}: signal {name}: unknown category {spec['category']!r}")
+        if spec.get("family", family_names[0]) not in family_names:
+            raise ValueError(f"{path}: signal {name}: family {spec['family']!r} not in {family_names}")
+        if any(n != n.lower() for n in spec["needles"]) or not spec["needles"]:
+            raise ValueError(f"{path}: signal {name}: needles must be lower-case, at least one")
+        signals.append(
+            Signal(
+                name,
+                tuple(spec["needles"]),
+                spec["category"],
+                float(spec["weight"]),
+                compile_(spec["pattern"], f"signal {name}"),
+                compile_(spec["unless"], f"signal {name}") if "unless" in spec else None,
+                spec.get("family", categories[spec["category"]]["family"]),
+                spec.get("example", ""),
+            )
+        )
+    if len({s.name for s in signals}) != len(signals):
+        raise ValueError(f"{path}: two signals share a name")
+    follow = data["follow_up"]
+    return Rules(
+        categories=(*categories, "unknown"),
+        family_names=family_names,
+        retryable=tuple(c for c, spec in categories.items() if spec.get("retryable")),
+        families=MappingProxyType({c: spec["family"] for c, spec in categories.items()}),
+        signals=tuple(signals),
+        follow_up_needles=tuple(follow["needles"]),
+        follow_up=compile_("|".join(follow["patterns"]), "follow_up"),
+        follow_up_examples=tuple(follow.get("examples", ())),
     )
 
 
-_PROG = (
-    r"(?P<prog>cc1plus|cc1|cicc|clang\+\+|clang(?:-\d+)?|g\+\+|gcc|c\+\+|hipcc|nvcc|icpx|ld(?:\.lld)?|lld)"
-)
-_SO = r"(?P<lib>lib[\w.+-]*?\.so(?:\.[\d.]+)?)"
-# Headers only the CUDA toolkit (or a CUDA-only library) ships: cuda*.h, the cu* math libraries,
-# the runtime's helper headers, and CUDA back-ends of header-only libraries.
-_CUDA_HEADERS = (
-    r"cuda\w*\.h|cu(?:blas|fft|sparse|rand|solver|dnn|tensor|pti)\w*\.h|nvrtc\.h|nvToolsExt\w*\.h|"
-    r"nccl\.h|vector_(?:types|functions)\.h|device_(?:functions|launch_parameters)\.h|"
-    r"math_constants\.h|helper_cuda\.h|cooperative_groups\.h|mma\.h|sm_\d+_\w+\.h|cub/\S+|"
-    r"thrust/system/cuda/\S+"
-)
+RULES = load_rules()
+CATEGORIES = RULES.categories
+# Categories whose fix is mechanical and safe enough to retry automatically (``build.retry``).
+RETRYABLE = RULES.retryable
+SIGNALS = RULES.signals
+_FOLLOW_UP_NEEDLES = RULES.follow_up_needles
+_FOLLOW_UP = RULES.follow_up
 
-SIGNALS: tuple[Signal, ...] = (
-    # -- the target GPU was never chosen
-    _sig(
-        "no-arch-pytorch",
-        ("no gpu arch specified",),
-        "arch_not_specified",
-        10,
-        r"No GPU arch specified for ROCm build",
-    ),
-    _sig(
-        "targets-unset-detect-failed",
-        ("system gpu detection",),
-        "arch_not_specified",
-        8,
-        r"(?P<var>GPU_TARGETS|AMDGPU_TARGETS) was not set, and system GPU detection was unsucc",
-    ),
-    _sig(
-        "agent-detector-failed",
-        ("agent detector failed", "rocm_agent_enumerator"),
-        "arch_not_specified",
-        9,
-        r"ROCm agent detector failed|rocm_agent_enumerator.*(?:fail|error)",
-    ),
-    _sig(
-        "gpu-targets-not-found",
-        ("gpu targets not found", "gpu_targets resol"),
-        "arch_not_specified",
-        8,
-        r"GPU targets not found|GPU_TARGETS resol\w* to empty",
-    ),
-    _sig(
-        "gpu-targets-empty",
-        ("gpu_targets:",),
-        "arch_not_specified",
-        4,
-        r"-+\s*(?P<var>GPU_TARGETS|AMDGPU_TARGETS):\s*$",
-    ),
-    _sig(
-        "auto-processor", ("'auto' is not",), "arch_not_specified", 6, r"'auto' is not a recognized processor"
-    ),
-    _sig("gfx000", ("gfx000",), "arch_not_specified", 5, r"^\s*gfx000\s*$"),
-    # -- a target was chosen that the compiler or library does not know
-    _sig(
-        "unsupported-gpu-arch",
-        ("gpu architecture",),
-        "arch_unsupported",
-        10,
-        r"[Uu]nsupported (?:HIP|CUDA|AMDGPU) gpu architecture:? '?(?P<arch>[\w:+-]+)",
-    ),
-    _sig(
-        "invalid-target-id",
-        ("invalid target id",),
-        "arch_unsupported",
-        10,
-        r"invalid target ID '(?P<arch>[^']+)'",
-    ),
-    _sig(
-        "unrecognized-processor",
-        ("is not a recognized processor",),
-        "arch_unsupported",
-        7,
-        r"'(?P<arch>gfx[\w-]+)' is not a recognized processor",
-    ),
-    _sig(
-        "offload-arch-combination",
-        ("offload arch",),
-        "arch_unsupported",
-        9,
-        r"[Ii]nvalid offload arch combinations?:? (?P<arch>[\w:+-]+)|[Uu]nsupported offload arch",
-    ),
-    _sig(
-        # rocBLAS/hipBLASLt look up per-arch kernel files at run time; a missing one means the
-        # installed library was built without kernels for this GPU.
-        "no-kernels-for-arch",
-        ("tensile", "for gpu arch"),
-        "arch_unsupported",
-        9,
-        r"(?:Cannot read|Could not load|No such file).*Tensile\w*?(?:_lazy)?_(?P<arch>gfx\w+)\."
-        r"(?:dat|co|hsaco)|"
-        r"Tensile\w*\.dat\b.*?No such file(?: or directory)?(?: for GPU arch ?: ?(?P<arch2>gfx\w+))?",
-    ),
-    _sig(
-        "fp8-format-mix",
-        ("types of fp8",),
-        "arch_unsupported",
-        7,
-        r"Target architectures support different types of FP8",
-    ),
-    _sig(
-        "unsupported-architecture",
-        ("unsupported architecture", "not supported"),
-        "arch_unsupported",
-        6,
-        r"on an unsupported architecture|architecture (?:is )?not supported",
-    ),
-    _sig(
-        "not-in-supported-archs",
-        ("supported_archs", "supported arch"),
-        "arch_unsupported",
-        6,
-        r"not in (?:the )?(?:list of )?(?:HIP_SUPPORTED_ARCHS|supported arch)",
-    ),
-    # -- code objects for another GPU than the one running
-    _sig(
-        "no-binary-for-gpu",
-        ("nobinaryforgpu", "current devices"),
-        "arch_mismatch",
-        10,
-        r"hipErrorNoBinaryForGpu|find (?:a )?(?:code object|binary) for (?:all )?current devices",
-    ),
-    _sig(
-        "invalid-device-function",
-        ("invalid device function", "invaliddevicefunction"),
-        "arch_mismatch",
-        9,
-        r"invalid device function|hipErrorInvalidDeviceFunction",
-    ),
-    _sig(
-        "invalid-image",
-        ("invalidimage", "compatible code objects", "no kernel image"),
-        "arch_mismatch",
-        8,
-        r"hipErrorInvalidImage|No compatible code objects found|no kernel image is available",
-    ),
-    # -- the host compiler is too old or too new for the code
-    _sig(
-        "unsupported-gnu",
-        ("unsupported gnu version",),
-        "compiler_version",
-        10,
-        r"unsupported GNU version! gcc versions later than (?P<version>\d+)",
-    ),
-    _sig(
-        "needs-cxx17",
-        ("compatible compiler is required",),
-        "compiler_version",
-        9,
-        r"C\+\+(?P<version>1[47]|2[03]) or later compatible compiler is required",
-    ),
-    _sig(
-        "requires-gcc",
-        ("gcc", "g++", "clang"),
-        "compiler_version",
-        9,
-        r"(?:requires?|needs?|at least)\s+(?:a\s+)?(?P<prog>GCC|gcc|g\+\+|[Cc]lang)\s*(?:version\s*)?"
-        r"(?:>=|>|of at least|version)?\s*(?P<version>\d+(?:\.\d+)*)",
-    ),
-    _sig(
-        "compiler-too-old",
-        ("too old", "minimum"),
-        "compiler_version",
-        9,
-        r"(?P<prog>GCC|gcc|[Cc]lang|compiler) (?:version )?(?:[\d.]+ )?(?:is )?too old|"
-        r"minimum (?:required )?(?:GCC|gcc) version",
-    ),
-    _sig(
-        "truncsfbf2", ("__truncsfbf2", "__extendbfsf2"), "compiler_version", 10, r"__truncsfbf2|__extendbfsf2"
-    ),
-    _sig(
-        "unknown-std",
-        ("-std=",),
-        "compiler_version",
-        8,
-        r"unrecognized command[- ]line option '-std=(?P<version>[\w+]+)'",
-    ),
-    _sig(
-        "std-header-missing",
-        ("no such file", "file not found"),
-        "compiler_version",
-        8,
-        r"(?:fatal error: |')(?P<header>filesystem|optional|string_view|charconv|variant|any|execution|"
-        r"memory_resource|span|format|ranges|concepts|bit|numbers|source_location|expected)'?:? "
-        r"(?:No such file|file not found)",
-    ),
-    _sig(
-        # A dependent-false static_assert(false, ...) in a template only became legal with
-        # P2593 (GCC 13, Clang 17); older compilers fire it even where it is never instantiated.
-        "static-assert-false",
-        ("static_assert",),
-        "compiler_version",
-        6,
-        r"\bstatic_assert\s*\(\s*false\s*,",
-    ),
-    # -- the compiler itself failed (not for lack of memory)
-    _sig(
-        "ice",
-        ("internal compiler error",),
-        "compiler_crash",
-        8,
-        r"internal compiler error",
-        unless=r"internal compiler error: Killed|Killed \(program|Killed signal",
-    ),
-    _sig(
-        "frontend-crash",
-        ("frontend command failed",),
-        "compiler_crash",
-        8,
-        r"frontend command failed (?:due to signal|with exit code 70)",
-    ),
-    _sig(
-        "command-failed-signal",
-        ("command failed due to signal",),
-        "compiler_crash",
-        7,
-        r"(?:link|lld|llc|opt|as) command failed due to signal",
-    ),
-    _sig(
-        "exec-aborted",
-        ("unable to execute command",),
-        "compiler_crash",
-        7,
-        r"unable to execute command: (?:Aborted|Segmentation fault)",
-    ),
-    _sig(
-        "submit-bug-report",
-        ("submit a",),
-        "compiler_crash",
-        5,
-        r"PLEASE submit a bug report|Please submit a full bug report",
-    ),
-    _sig(
-        "stack-dump",
-        ("stack dump:", "printstacktrace", "running pass '"),
-        "compiler_crash",
-        4,
-        r"^Stack dump:|llvm::sys::PrintStackTrace|Running pass '",
-    ),
-    _sig(
-        "compiler-backtrace",
-        ("+0x",),
-        "compiler_crash",
-        6,
-        r"#\d+ 0x[0-9a-f]+ .*\((?:\S*/)?(?:clang(?:\+\+)?(?:-\d+)?|llc|opt|lld|ld\.lld|cc1plus)\+0x",
-    ),
-    _sig(
-        "llvm-signal-handler",
-        ("signalhandler", "printstacktrace", "runsignalhandlers"),
-        "compiler_crash",
-        7,
-        r"(?:llvm::sys::|_ZN4llvm3sys\d+)(?:RunSignalHandlers|PrintStackTrace)|\bSignalHandler\(int\)",
-    ),
-    _sig("llvm-error", ("llvm error:",), "compiler_crash", 6, r"LLVM ERROR: (?!out of memory)"),
-    _sig(
-        "compiler-segfault",
-        ("segmentation fault",),
-        "compiler_crash",
-        6,
-        r"Segmentation fault.*(?:llc|clang|cc1|opt)\b|(?:llc|clang|cc1plus)\b.*Segmentation fault",
-    ),
-    # -- the compiler ran out of memory or was killed by the kernel's OOM killer
-    _sig(
-        "killed-signal", ("killed signal",), "oom_compiler", 12, r"Killed signal terminated program " + _PROG
-    ),
-    _sig(
-        "ice-killed",
-        ("error: killed",),
-        "oom_compiler",
-        12,
-        r"[Ii]nternal (?:compiler )?error: Killed \(program " + _PROG,
-    ),
-    _sig(
-        "out-of-memory-allocating",
-        ("out of memory allocating",),
-        "oom_compiler",
-        12,
-        _PROG + r"?(?:\.exe)?:? out of memory allocating",
-    ),
-    _sig("vm-exhausted", ("virtual memory exhausted",), "oom_compiler", 12, r"virtual memory exhausted"),
-    _sig("llvm-oom", ("llvm error: out of memory",), "oom_compiler", 12, r"LLVM ERROR: out of memory"),
-    _sig(
-        "signal-9",
-        ("signal 9", "command: killed"),
-        "oom_compiler",
-        11,
-        r"(?:died|terminated|killed) (?:due to|with|by) signal 9|unable to execute command: Killed",
-    ),
-    _sig(
-        "cannot-allocate",
-        ("cannot allocate memory", "bad_alloc"),
-        "oom_compiler",
-        5,
-        r"Cannot allocate memory|std::bad_alloc",
-        unless=r"/dev/kfd|kfd",
-    ),
-    _sig(
-        "oom-killer",
-        ("out of memory: killed", "oom-kill"),
-        "oom_compiler",
-        8,
-        r"Out of memory: Killed process \d+ \((?P<prog>[\w+.-]+)\)|oom-kill",
-    ),
-    # -- the build could not find the HIP/ROCm installation
-    _sig(
-        # CMake's find_package() failure, in either of its wordings, for a ROCm package.
-        "cmake-package-config",
-        ("package configuration file", "by not providing"),
-        "cmake_hip_not_found",
-        10,
-        r'(?:package configuration file provided by\s+"|By not providing\s+"Find)(?P<pkg>hip|HIP|hip-lang|'
-        r"hipcub|rocprim|rocblas|hipblas\w*|miopen|rocm\w*|amd_comgr|hsa-runtime64|rccl|hiprand|rocrand|"
-        r'composable_kernel)(?:\.cmake)?"',
-    ),
-    _sig(
-        "cmake-config-version",
-        ("configuration file for package",),
-        "cmake_hip_not_found",
-        9,
-        r'Could not find a configuration file for package "(?P<pkg>hip|HIP)"',
-    ),
-    _sig(
-        "could-not-find-hip",
-        ("could not find",),
-        "cmake_hip_not_found",
-        9,
-        r"Could NOT find (?P<pkg>HIP|hip|ROCM|ROCm)\b",
-    ),
-    _sig(
-        "cannot-find-hip-runtime",
-        ("cannot find hip runtime", "cannot find rocm device"),
-        "cmake_hip_not_found",
-        10,
-        r"cannot find HIP runtime|cannot find ROCm device librar",
-    ),
-    _sig(
-        "cmake-hip-language-root",
-        ("rocm root directory", "hip runtime cmake package", "hip-lang-config"),
-        "cmake_hip_not_found",
-        9,
-        r"Failed to find ROCm root directory|does not contain the HIP runtime CMake package|"
-        r"hip-lang-config\.cmake",
-    ),
-    _sig(
-        "hip-path-unset",
-        ("not set", "not found"),
-        "cmake_hip_not_found",
-        6,
-        r"(?P<var>HIP_PATH|ROCM_PATH|ROCM_HOME) (?:is )?not (?:set|found)",
-    ),
-    # -- the linker cannot find a library named on its command line
-    _sig(
-        "cannot-find-l",
-        ("find -l", "find library -l"),
-        "missing_library_link",
-        10,
-        r"(?:cannot find|unable to find library) -l(?P<lib>[\w.+-]+)",
-    ),
-    _sig(
-        "needed-by-not-found",
-        ("needed by",),
-        "missing_library_link",
-        10,
-        _SO + r", needed by (?P<symbol>\S+), not found",
-    ),
-    _sig(
-        "no-rule-so",
-        ("no rule to make target",),
-        "missing_library_link",
-        8,
-        r"No rule to make target '(?P<lib>[^']+\.so[\d.]*)'",
-    ),
-    _sig(
-        "ninja-missing-input",
-        ("no known rule to make it",),
-        "missing_library_link",
-        9,
-        r"'(?P<lib>[^']+\.(?:so[\d.]*|a))', needed by '[^']+', missing and no known rule to make it",
-    ),
-    _sig(
-        "cmake-lib-notfound",
-        ("notfound",),
-        "missing_library_link",
-        8,
-        r"NOTFOUND\.?\s+(?P<var>\w+_LIBRARY\w*) linked by target",
-    ),
-    # -- linking failed because of how it was asked to link
-    _sig(
-        "fpic",
-        ("-fpic", "dynamic relocation", "when making a"),
-        "link_flags",
-        10,
-        r"recompile(?: \w+){0,3} with -fPIC|can't create dynamic relocation|"
-        r"can ?not be used when making a (?:shared|PIE|PDE) object",
-    ),
-    _sig(
-        # 32-bit (or other-ABI) libraries on a 64-bit link line: a wrong -L or sysroot.
-        "wrong-elf-class",
-        ("is incompatible with elf", "skipping incompatible"),
-        "link_flags",
-        9,
-        r"(?P<lib>\S+) is incompatible with elf\w*|skipping incompatible (?P<lib2>\S+) when searching",
-    ),
-    _sig("dso-missing", ("dso missing",), "link_flags", 10, r"DSO missing from command line"),
-    _sig(
-        "cxx11-abi",
-        ("undefined",),
-        "link_flags",
-        9,
-        r"undefined (?:reference|symbol).*(?:std::__cxx11|\[abi:cxx11\]|_GLIBCXX_USE_CXX11_ABI)",
-    ),
-    _sig(
-        "hip-fatbin",
-        ("undefined",),
-        "link_flags",
-        10,
-        r"undefined (?:reference|hidden symbol|symbol).*__hip_fatbin|undefined hidden symbol",
-    ),
-    _sig(
-        "undefined-hip-symbol",
-        ("undefined symbol",),
-        "link_flags",
-        7,
-        r"ld(?:\.lld)?: error: undefined symbol: (?P<symbol>hip\w+)",
-    ),
-    _sig("empty-L", ("-l",), "link_flags", 6, r"\s-L\s+-l\w"),
-    _sig(
-        "undefined-reference",
-        ("undefined reference",),
-        "link_flags",
-        3,
-        r"undefined reference to [`'](?P<symbol>[^'`]+)",
-    ),
-    # -- a program started but the dynamic loader cannot find a shared library
-    _sig(
-        "loader-cannot-open",
-        ("error while loading shared libraries",),
-        "missing_library_runtime",
-        10,
-        r"error while loading shared libraries: " + _SO,
-    ),
-    _sig(
-        "cannot-open-so",
-        ("cannot open shared object",),
-        "missing_library_runtime",
-        9,
-        _SO + r": cannot open shared object file",
-    ),
-    _sig(
-        "could-not-load-dso",
-        ("could not load",),
-        "missing_library_runtime",
-        8,
-        r"Could not load (?:dynamic )?library '" + _SO,
-    ),
-    _sig(
-        "glibcxx-not-found",
-        ("glibcxx_", "cxxabi_"),
-        "missing_library_runtime",
-        8,
-        r"version [`'](?P<symbol>GLIBCXX_[\d.]+|CXXABI_[\d.]+)' not found",
-    ),
-    # -- parts built against one version and run with another
-    _sig(
-        "import-undefined-symbol",
-        ("undefined symbol",),
-        "version_mismatch",
-        9,
-        r"(?:\.so[\d.]*|Error): undefined symbol: (?P<symbol>\w+)",
-        unless=r"ld(?:\.lld)?: error",
-    ),
-    _sig(
-        "numpy-abi",
-        ("compiled against api version",),
-        "version_mismatch",
-        10,
-        r"module compiled against API version (?P<version>\w+) but this version of numpy is",
-    ),
-    _sig(
-        "numpy-multiarray",
-        ("failed to import",),
-        "version_mismatch",
-        6,
-        r"numpy\.core\.(?:_?multiarray|umath)\w* failed to import",
-    ),
-    _sig(
-        "pip-requirement-conflict",
-        ("has requirement",),
-        "version_mismatch",
-        10,
-        r"has requirement (?P<pkg>[\w.-]+)[=<>!~]=?(?P<version>[\w.+]+)"
-        r".*but you(?:'ll)? have (?P<symbol>[\w.-]+ [\w.+]+)",
-    ),
-    _sig(
-        "cannot-import-name",
-        ("cannot import name",),
-        "version_mismatch",
-        8,
-        r"cannot import name '(?P<symbol>\w+)' from '(?P<pkg>(?:triton|torch|vllm|numpy)[\w.]*)'",
-    ),
-    _sig(
-        "lib-undefined-reference",
-        ("undefined reference",),
-        "version_mismatch",
-        6,
-        _SO + r": undefined reference to",
-        unless=r"std::__cxx11|abi:cxx11",
-    ),
-    _sig(
-        "extension-import-error", ("importerror:",), "version_mismatch", 5, r"ImportError: \S*\.cpython-\d+"
-    ),
-    _sig(
-        "version-mismatch-words",
-        ("version mismatch", "incompatible"),
-        "version_mismatch",
-        5,
-        r"version mismatch|incompatible (?:with|version)|which is incompatible",
-        unless=r"incompatible with elf|skipping incompatible",
-    ),
-    # -- pip's isolated build environment has the wrong torch (or none)
-    _sig(
-        "isolated-no-torch",
-        ("no module named", "module 'torch'"),
-        "build_isolation_torch",
-        6,
-        r"No module named '?torch'?|[Mm]odule '?torch'? (?:is )?(?:missing|not found)",
-    ),
-    _sig(
-        "isolation-collects-torch",
-        ("torch",),
-        "build_isolation_torch",
-        5,
-        r"^\s*(?:Collecting|Downloading|Using cached) torch"
-        r"(?:==(?P<version>[\w.+]+)|-(?P<v2>[\d.]+[\w.+]*)-)",
-    ),
-    _sig("isolated-no-rocm", ("no rocm runtime",), "build_isolation_torch", 5, r"No ROCm runtime is found"),
-    _sig(
-        "build-requires-hook-failed",
-        ("getting requirements to build wheel",),
-        "build_isolation_torch",
-        3,
-        r"Getting requirements to build wheel(?: \.\.\.|:) (?:error|finished with status 'error')",
-    ),
-    # -- a build script that insists on CUDA on a ROCm machine
-    _sig(
-        "cuda-home-unset",
-        ("cuda_home",),
-        "cuda_check_on_rocm",
-        7,
-        r"CUDA_HOME (?:environment variable )?is not set|CUDA_HOME is None",
-    ),
-    _sig(
-        "nvcc-missing",
-        ("nvcc", "get_cuda_version", "no cuda runtime"),
-        "cuda_check_on_rocm",
-        6,
-        r"nvcc (?:was )?not found|nvcc_bin|\[nvcc\w*, \"-V\"\]|get_cuda_version\(|No CUDA runtime is found",
-    ),
-    # -- CUDA sources reached the HIP compiler without being hipified
-    _sig(
-        "cuda-header-missing",
-        ("file not found", "no such file"),
-        "hipify",
-        8,
-        r"[<'\"](?P<header>" + _CUDA_HEADERS + r")[>'\"]:? (?:file not found|No such file)",
-    ),
-    _sig(
-        "hipify-error",
-        ("hipify",),
-        "hipify",
-        7,
-        r"hipify\w*.*(?:[Ee]rror|failed|Traceback)|(?:[Ee]rror|failed).*hipify",
-    ),
-    _sig(
-        "undeclared-cuda",
-        ("undeclared identifier", "unknown type name"),
-        "hipify",
-        7,
-        r"(?:use of undeclared identifier|unknown type name) '(?P<symbol>cuda\w+|cublas\w+|__nv\w+)'",
-    ),
-    # -- a download or clone failed
-    _sig(
-        "resolve-host",
-        ("resolve host", "name resolution", "name or service not known"),
-        "network_fetch",
-        10,
-        r"Could not resolve host:? (?P<url>[\w.-]+)|Temporary failure in name resolution|"
-        r"Name or service not known",
-    ),
-    _sig(
-        "new-connection",
-        (
-            "new connection",
-            "connection timed out",
-            "connection refused",
-            "connection reset",
-            "network is unreachable",
-        ),
-        "network_fetch",
-        9,
-        r"Failed to establish a new connection|Connection (?:timed out|refused|reset)|Network is unreachable",
-    ),
-    _sig(
-        "remote-closed",
-        ("remote end", "rpc failed", "early eof"),
-        "network_fetch",
-        8,
-        r"Remote end closed connection|remote end hung up unexpectedly|RPC failed|early EOF",
-    ),
-    _sig(
-        "http-error",
-        ("http error", "http code", "http status code", "not found", "forbidden"),
-        "network_fetch",
-        8,
-        r"HTTP Error (?P<version>\d{3})|HTTP (?:status )?code (?P<v2>[45]\d\d)|"
-        r"\b(?:40[34]|50[0234]) (?:Not Found|Forbidden)",
-    ),
-    _sig(
-        "unable-to-access",
-        ("unable to access",),
-        "network_fetch",
-        9,
-        r"fatal: unable to access '(?P<url>[^']+)'",
-    ),
-    _sig(
-        "clone-failed",
-        ("clone of",),
-        "network_fetch",
-        7,
-        r"Clone of '(?P<url>[^']+)' into submodule path .* failed|fatal: clone of",
-    ),
-    _sig(
-        "urlerror",
-        ("urlerror", "do_open", "sslerror", "certificate_verify_failed"),
-        "network_fetch",
-        7,
-        r"urllib\.error\.URLError|URLError|in do_open|ssl\.SSLError|CERTIFICATE_VERIFY_FAILED",
-    ),
-    _sig(
-        "downloading",
-        ("downloading",),
-        "network_fetch",
-        2,
-        r"downloading (?:and extracting )?(?P<url>https?://\S+)",
-    ),
-    _sig("from-versions-none", ("from versions: none",), "network_fetch", 4, r"\(from versions: none\)"),
-    # -- no GPU is visible to the ROCm runtime
-    _sig(
-        "no-hip-gpus",
-        ("no hip gpus", "hiperrornodevice", "rocm-capable device"),
-        "no_gpu_visible",
-        10,
-        r"No HIP GPUs are available|hipErrorNoDevice|no ROCm-capable device is detected",
-    ),
-    _sig(
-        "rock-not-loaded", ("rock module is not loaded",), "no_gpu_visible", 9, r"ROCk module is NOT loaded"
-    ),
-    _sig(
-        "kfd-not-supported",
-        ("kfd not supported", "not supported in kfd"),
-        "no_gpu_visible",
-        9,
-        r"kfd not supported|not supported in kfd",
-    ),
-    _sig(
-        "kfd-absent",
-        ("/dev/kfd",),
-        "no_gpu_visible",
-        9,
-        r"/dev/kfd(?: read-write)?\"?:? (?:no such file|No such file|not found|does not exist)",
-    ),
-    _sig("kfd-enomem", ("/dev/kfd",), "no_gpu_visible", 7, r"/dev/kfd.*(?:Cannot allocate memory|ENOMEM)"),
-    _sig(
-        "hsa-out-of-resources",
-        ("hsa_status_error_out_of_resources",),
-        "no_gpu_visible",
-        5,
-        r"HSA_STATUS_ERROR_OUT_OF_RESOURCES",
-    ),
-    _sig(
-        "gpu-count-zero",
-        ("gpu count", "device count"),
-        "no_gpu_visible",
-        5,
-        r"GPU count:\s*0\b|device count[: =]+0\b|Failed to get device count",
-    ),
-    # -- the GPU device nodes exist but this user may not open them
-    _sig(
-        "kfd-permission",
-        ("/dev/",),
-        "device_permission",
-        10,
-        r"/dev/(?:kfd|dri/\S+).*(?:Permission denied|Operation not permitted)",
-    ),
-    _sig(
-        "kfd-open-failed",
-        ("unable to open /dev/kfd",),
-        "device_permission",
-        6,
-        r"Unable to open /dev/kfd",
-        unless=r"Cannot allocate memory|No such file",
-    ),
-    _sig(
-        "not-in-group",
-        ("member of",),
-        "device_permission",
-        8,
-        r"(?:is )?not (?:a )?member of (?:the )?(?P<pkg>render|video) group",
-    ),
-    _sig(
-        "kfd-root-only", ("kfd",), "device_permission", 8, r"^c[rw-]{3}------\S*\s+\d+\s+root\s+root\s.*kfd"
-    ),
-)
-
-# Consequences of an earlier failure: they end the log but are never its cause.
-_FOLLOW_UP_NEEDLES = (
-    "ninja: build stopped", "***", "collect2", "linker command failed", "subprocess-exited",
-    "failed building", "failed to build", "could not build wheels", "configuring incomplete",
-    "compilation terminated", "waiting for unfinished", "originates from a subprocess", "died at",
-    "failed: ", "recipe for target", "did not run successfully", "exit code:", "error generating",
-    "cmake error at", "a failure occurred", "aborting...", "non-zero code", "cmake configuration failed",
-)  # fmt: skip
-_FOLLOW_UP = re.compile(
-    r"ninja: build stopped|^make(?:\[\d+\])?: \*\*\*|^gmake(?:\[\d+\])?: \*\*\*|collect2: error: ld returned|"
-    r"linker command failed with exit code|error: subprocess-exited-with-error|Failed (?:building|to build)|"
-    r"Could not build wheels|Configuring incomplete|^compilation terminated|Waiting for unfinished jobs|"
-    r"This error originates from a subprocess|Died at .*hipcc|^FAILED: |recipe for target .* failed|"
-    r"did not run successfully|^\s*exit code: \d+|^Error generating\b|"
-    r"^CMake Error at \S+\.cmake:\d+ \(message\):$|"
-    r"A failure occurred in|Aborting\.\.\.|returned a non-zero code|^\*\*\* CMake configuration failed"
-)
 # A line that reports some error; used to point at something when no signal matched.
 _ERROR_NEEDLES = ("error", "failed", "fatal", "traceback", "exception")
 _ANY_ERROR = re.compile(r"\b(?:error|ERROR|Error|FAILED|fatal|Traceback|Exception)\b|\w+Error: ")
@@ -1564,22 +896,6 @@ def retry_plan(
         new["MAX_JOBS"] = new["CMAKE_BUILD_PARALLEL_LEVEL"] = half
         return new, f"retry after oom_compiler{at}: MAX_JOBS {current} -> {half}"
     return None
-
-
-def check_retry_categories(names: Iterable[str], *, key: str) -> tuple[str, ...]:
-    """Validate ``build.retry``: category names that have a mechanical remedy."""
-    out = []
-    for name in names:
-        if name not in CATEGORIES:
-            close = difflib.get_close_matches(name, CATEGORIES, n=1)
-            guess = f"did you mean {close[0]!r}? " if close else ""
-            raise UserError(
-                f"{key}: {name!r} is not a diagnosis category; {guess}retryable: {', '.join(RETRYABLE)}"
-            )
-        if name not in RETRYABLE:
-            raise UserError(f"{key}: {name!r} has no automatic remedy; retryable: {', '.join(RETRYABLE)}")
-        out.append(name)
-    return tuple(out)
 
 
 # --- command line ---------------------------------------------------------------------------

@@ -19,7 +19,17 @@ from pathlib import Path
 import pytest
 
 from rocmforge.config import parse_config
-from rocmforge.diagnose import CATEGORIES, Diagnosis, diagnose_file, diagnose_text, retry_plan
+from rocmforge.diagnose import (
+    CATEGORIES,
+    RETRYABLE,
+    RULES,
+    SIGNALS,
+    Diagnosis,
+    body,
+    diagnose_file,
+    diagnose_text,
+    retry_plan,
+)
 from rocmforge.errors import UserError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,9 +71,41 @@ def test_fixtures_name_their_source_and_a_known_category():
     assert seen == set(CATEGORIES), f"categories without a real excerpt: {set(CATEGORIES) - seen}"
 
 
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_rule_matches_its_example(sig):
+    """Every rule in diagnose_rules.toml carries a line it must recognise, needles included."""
+    assert sig.example, f"{sig.name}: no example"
+    line = body(sig.example)
+    assert sig.pattern.search(line), f"{sig.name}: pattern misses its example"
+    assert not (sig.unless and sig.unless.search(line)), f"{sig.name}: 'unless' rejects its example"
+    assert any(n in sig.example.lower() for n in sig.needles), f"{sig.name}: no needle in its example"
+    assert sig.family in RULES.family_names
+
+
+@pytest.mark.parametrize("line", RULES.follow_up_examples)
+def test_follow_up_rule_matches_its_examples(line):
+    assert RULES.follow_up.search(body(line))
+    assert any(n in line.lower() for n in RULES.follow_up_needles)
+
+
+def test_config_reads_the_categories_without_importing_the_engine():
+    """config validates build.retry from the rules file: no config -> diagnose import cycle."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from rocmforge.config import parse_config, diagnosis_categories\n"
+        "data = {'build': {'arch': ['gfx942'], 'retry': ['oom_compiler']},"
+        " 'packages': {'x': {'source': {'kind': 'path', 'path': '.'}}}}\n"
+        "parse_config(data, path=Path('/tmp/c.toml'), environ={})\n"
+        "assert 'rocmforge.diagnose' not in sys.modules\n"
+        "print(diagnosis_categories())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == repr((CATEGORIES, RETRYABLE))
+
+
 def test_signal_needles_are_in_every_line_the_signal_matches():
     """The substring prefilter must never hide a line from a signal (checked on all real text)."""
-    from rocmforge.diagnose import SIGNALS, body, iter_lines
+    from rocmforge.diagnose import iter_lines
 
     for path in ALL_FIXTURES:
         with open(path, "rb") as f:
