@@ -35,7 +35,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from rocmforge import __version__, buildlog, compile_cache, provenance, recipes
+from rocmforge import __version__, buildlog, compile_cache, contract, provenance, recipes
 from rocmforge.config import VENV_TOOLS, Config, Package
 from rocmforge.console import console
 from rocmforge.errors import UserError
@@ -337,8 +337,17 @@ def _index_args(index: str | None) -> list[str]:
 
 
 def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -> Path:
-    """The published form of ``wheel``: requirements dropped, label added, provenance inside."""
+    """The published form of ``wheel``: repaired by auditwheel, build-host RUNPATHs removed,
+    requirements dropped, label added, contract in METADATA, provenance inside."""
     dropped_projects = recipe.dropped_requirements(ctx)
+    portable = contract.prepare(
+        wheel,
+        out.parent / "contract",
+        backend=ctx.cfg.build.backend,
+        rocm_version=record.get("rocm_version"),
+        dependency_wheels=ctx.dependencies.values(),
+        repair_tags=ctx.checkout is not None,  # a prebuilt wheel keeps its vendor's tags
+    )
     version = wheel_name(wheel).version
     label = ctx.package.local_version
     if label and not recipe.native_local_version(ctx):
@@ -347,14 +356,23 @@ def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -
         **record,
         "version": version,
         "dropped_requirements": drop_requirements(read_metadata(wheel), dropped_projects),
+        "contract": portable.contract,
     }
-    return rewrite_wheel(
-        wheel,
+
+    def edit(metadata) -> None:
+        drop_requirements(metadata, dropped_projects)
+        contract.add_requires_external(metadata, portable.contract)
+
+    published = rewrite_wheel(
+        portable.wheel,
         out,
-        edit_metadata=lambda metadata: drop_requirements(metadata, dropped_projects),
+        edit_metadata=edit,
         add_files={provenance.FILENAME: (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()},
         version=version if version != wheel_name(wheel).version else None,
+        replace_files=portable.replaced,
     )
+    _remove(out.parent / "contract")
+    return published
 
 
 def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str) -> dict:

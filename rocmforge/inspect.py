@@ -87,6 +87,7 @@ _NO_DATA_PREFIXES = (".eh_frame", ".gcc_except_table", ".debug_")
 _SHF_EXECINSTR = 0x4
 _SHT_NOBITS = 8
 _SHT_DYNAMIC = 6
+_SHT_GNU_VERNEED = 0x6FFFFFFE
 _DT_NEEDED, _DT_RPATH, _DT_RUNPATH = 1, 15, 29
 # Code object v4+: two bits per feature, 0 = unsupported, 1 = any, 2 = off, 3 = on.
 _V4_FEATURES = (("xnack", 8), ("sramecc", 10))
@@ -651,34 +652,82 @@ def _elf_units(src, base: int, end: int) -> list[Bundle]:
     return sorted(units, key=lambda b: b.offset)
 
 
+@dataclass(frozen=True)
+class ElfDynamic:
+    """What the dynamic loader reads from one ELF file before it can load it."""
+
+    machine: int  # e_machine: 62 x86-64, 183 aarch64, 224 AMDGPU (a GPU code object)
+    needed: tuple[str, ...] = ()  # DT_NEEDED sonames, in order
+    rpath: tuple[str, ...] = ()  # DT_RPATH directories (searched before LD_LIBRARY_PATH)
+    runpath: tuple[str, ...] = ()  # DT_RUNPATH directories (searched after it)
+    # .gnu.version_r: library -> symbol versions it must define (libc.so.6 -> GLIBC_2.34, ...)
+    version_needs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def elf_dynamic(path: str | os.PathLike[str]) -> ElfDynamic | None:
+    """The dynamic section and version needs of an ELF file; None when ``path`` is not ELF.
+
+    A file without a dynamic section (a static binary, a relocatable object) has empty fields.
+    """
+    with open(path, "rb") as fh:
+        if fh.read(4) != ELF_MAGIC:
+            return None
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    with buf:
+        (machine,) = struct.unpack_from("<H", buf, 18) if len(buf) >= 20 else (0,)
+        sections = _elf_sections(_Mapped(buf), 0, len(buf))
+        strtab = next((s for s in sections if s.name == ".dynstr"), None)
+        if strtab is None:
+            return ElfDynamic(machine)
+
+        def string(offset: int) -> str:
+            start = strtab.offset + offset
+            return bytes(buf[start : buf.find(b"\0", start)]).decode("utf-8", "replace")
+
+        found: dict[int, list[str]] = {_DT_NEEDED: [], _DT_RPATH: [], _DT_RUNPATH: []}
+        dynamic = next((s for s in sections if s.type == _SHT_DYNAMIC), None)
+        for pos in range(dynamic.offset, dynamic.offset + dynamic.size - 15, 16) if dynamic else ():
+            tag, value = struct.unpack_from("<qQ", buf, pos)
+            if tag == 0:  # DT_NULL ends the table
+                break
+            if tag == _DT_NEEDED:
+                found[tag].append(string(value))
+            elif tag in found:
+                found[tag].extend(p for p in string(value).split(":") if p)
+        needs: dict[str, tuple[str, ...]] = {}
+        verneed = next((s for s in sections if s.type == _SHT_GNU_VERNEED), None)
+        pos = verneed.offset if verneed else 0
+        # Elf64_Verneed {u16 version, u16 cnt, u32 file, u32 aux, u32 next}, each followed
+        # (at +aux) by cnt Elf64_Vernaux {u32 hash, u16 flags, u16 other, u32 name, u32 next}.
+        while verneed and verneed.offset <= pos <= verneed.offset + verneed.size - 16:
+            _version, count, file, aux, step = struct.unpack_from("<HHIII", buf, pos)
+            names, at = [], pos + aux
+            for _ in range(count):
+                if at + 16 > len(buf):
+                    break
+                _hash, _flags, _other, name, next_aux = struct.unpack_from("<IHHII", buf, at)
+                names.append(string(name))
+                if not next_aux:
+                    break
+                at += next_aux
+            needs[string(file)] = tuple(names)
+            if not step:
+                break
+            pos += step
+        return ElfDynamic(
+            machine, tuple(found[_DT_NEEDED]), tuple(found[_DT_RPATH]), tuple(found[_DT_RUNPATH]), needs
+        )
+
+
 def elf_dependencies(path: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
     """``DT_NEEDED`` sonames and ``DT_RUNPATH``/``DT_RPATH`` directories of an ELF file.
 
     Empty lists for a file without a dynamic section (a static binary, a relocatable object).
     """
-    with open(path, "rb") as fh:
-        if fh.read(4) != ELF_MAGIC:
-            return [], []
-        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    with buf:
-        sections = _elf_sections(_Mapped(buf), 0, len(buf))
-        dynamic = next((s for s in sections if s.type == _SHT_DYNAMIC), None)
-        strtab = next((s for s in sections if s.name == ".dynstr"), None)
-        if dynamic is None or strtab is None:
-            return [], []
-        needed, paths = [], []
-        for pos in range(dynamic.offset, dynamic.offset + dynamic.size - 15, 16):
-            tag, value = struct.unpack_from("<qQ", buf, pos)
-            if tag == 0:  # DT_NULL ends the table
-                break
-            if tag in (_DT_NEEDED, _DT_RPATH, _DT_RUNPATH):
-                start = strtab.offset + value
-                text = bytes(buf[start : buf.find(b"\0", start)]).decode("utf-8", "replace")
-                if tag == _DT_NEEDED:
-                    needed.append(text)
-                else:
-                    paths.extend(p for p in text.split(":") if p)
-        return needed, paths
+    info = elf_dynamic(path)
+    if info is None:
+        return [], []
+    return list(info.needed), [*info.rpath, *info.runpath]
 
 
 # -------------------------------------------------------------------------- containers

@@ -95,13 +95,15 @@ def rewrite_wheel(
     edit_metadata: Callable[[Message], object] | None = None,
     add_files: dict[str, bytes] | None = None,
     version: str | None = None,
+    replace_files: dict[str, Path] | None = None,
 ) -> Path:
     """Write a changed copy of wheel ``src`` into ``dest_dir`` and return its path.
 
     ``edit_metadata`` changes METADATA in place; ``add_files`` maps names inside ``.dist-info``
     to contents; ``version`` renames the wheel, its ``.dist-info`` directory and the METADATA
-    ``Version``. RECORD is regenerated from the final members. Members are streamed, so a
-    multi-gigabyte wheel does not have to fit in memory.
+    ``Version``; ``replace_files`` maps member names to files on disk whose bytes replace
+    them (an ELF member patchelf rewrote). RECORD is regenerated from the final members.
+    Members are streamed, so a multi-gigabyte wheel does not have to fit in memory.
     """
     src, dest_dir = Path(src), Path(dest_dir)
     name = wheel_name(src)
@@ -132,7 +134,9 @@ def rewrite_wheel(
                 # Keep each member's ZipInfo (permissions of executables and .so files).
                 info.filename = arcname
                 digest, size = hashlib.sha256(), 0
-                with zf.open(info.orig_filename) as fin, dst.open(info, "w") as fout:
+                source = replace_files.get(info.orig_filename) if replace_files else None
+                opened = open(source, "rb") if source else zf.open(info.orig_filename)  # noqa: SIM115
+                with opened as fin, dst.open(info, "w") as fout:
                     for chunk in iter(lambda: fin.read(1 << 20), b""):
                         digest.update(chunk)
                         size += len(chunk)

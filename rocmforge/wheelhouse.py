@@ -7,6 +7,7 @@ Layout (``build.wheelhouse`` in the config)::
       simple/index.html                 PEP 503 root: one link per project
       simple/torch/index.html           one link per wheel, with a #sha256= fragment
       constraints.txt                   torch==2.13.0+rocm7.2, one exact pin per project
+      stack.json                        what a node needs for these wheels (rocmforge.contract)
 
 The wheelhouse holds one wheel per project: the versions built together. A wheel enters only
 through :meth:`Wheelhouse.publish`, after its build succeeded, so a failing build leaves neither
@@ -34,6 +35,7 @@ from urllib.parse import quote
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name
 
+from rocmforge import contract
 from rocmforge.console import console
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, read_json
 from rocmforge.wheelfile import wheel_name
@@ -142,7 +144,11 @@ class Wheelhouse:
             )
             atomic_write(self.simple / project / "index.html", _page(f"Links for {project}", links))
         root_links = "\n".join(_link(f"{p}/", p) for p in by_project)
-        atomic_write(self.simple / "index.html", _page("Simple index", root_links))
+        stack = contract.stack_document(entries)
+        atomic_write(self.root / contract.STACK_FILE, json.dumps(stack, indent=2, sort_keys=True) + "\n")
+        atomic_write(
+            self.simple / "index.html", _page("Simple index", f"{root_links}\n{contract.html_table(stack)}")
+        )
         for stale in self.simple.iterdir():
             if stale.is_dir() and stale.name not in by_project:
                 shutil.rmtree(stale)
