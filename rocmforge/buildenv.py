@@ -80,10 +80,10 @@ def rocm_for_build(cfg: Config, facts: HostFacts) -> RocmInstall:
         )
     rocm = selected_rocm(facts)
     if rocm is None:
-        raise UserError(
-            f"no ROCm found; install ROCm {cfg.rocm_version or ''} (repo.radeon.com or "
-            "`pip install rocm[libraries,devel]`) or set ROCM_PATH, then run `nox -s toolchain`"
-        )
+        from rocmforge.hints import install_hint
+
+        how = install_hint("rocm", facts.os_id, spec=cfg.rocm_version or "")
+        raise UserError(f"no ROCm found; {how}, then run `nox -s toolchain`")
     return rocm
 
 

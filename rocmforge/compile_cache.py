@@ -32,6 +32,8 @@ from packaging.version import InvalidVersion, Version
 from rocmforge.config import Config
 from rocmforge.errors import UserError
 from rocmforge.fsutil import json_sha256
+from rocmforge.hints import install_hint
+from rocmforge.host import probe_os_id
 
 # hipcc runs "<HIP_CLANG_LAUNCHER> <clang> ..." from this ROCm on (ROCm/llvm-project#1490);
 # older hipcc ignores the variable, so setting it there would only mislead.
@@ -98,8 +100,8 @@ def launcher_env(cfg: Config, facts: Any) -> dict[str, str]:
     exe = _tool_path(tool, facts)
     if not exe:
         raise UserError(
-            f"build.compile_cache: {tool} is not on PATH; `pip install {tool}`"
-            f'{" or apt install ccache" if tool == "ccache" else ""}, or set compile_cache = "none"'
+            f"build.compile_cache: {tool} is not on PATH; {install_hint(tool, probe_os_id())}, "
+            'or set compile_cache = "none"'
         )
     store = cfg.build.cache_store
     languages = [lang for lang in LAUNCHER_LANGUAGES[cfg.build.backend] if store.hip or lang != "HIP"]
@@ -225,7 +227,8 @@ def _run(cfg: Config, env: Mapping[str, str], *args: str) -> str:
             [exe, *args], env=dict(env), capture_output=True, text=True, timeout=120, check=False
         )
     except FileNotFoundError:
-        raise UserError(f"build.compile_cache: {exe} not found; `pip install {tool}`") from None
+        how = install_hint(tool, probe_os_id())
+        raise UserError(f"build.compile_cache: {exe} not found; {how}") from None
     if proc.returncode != 0:
         why = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         raise UserError(

@@ -19,26 +19,16 @@ from dataclasses import asdict, dataclass
 from rocmforge.buildenv import GIB, parallel_jobs, pick_compilers, rocm_for_build, satisfies
 from rocmforge.config import VENV_TOOLS, Config, Package
 from rocmforge.errors import UserError
+from rocmforge.hints import install_hint
 from rocmforge.host import KEY_LIBRARIES, HostFacts, install_of
 from rocmforge.host import tool_version as run_tool_version
 
 OK, WARN, FAIL = "ok", "warn", "fail"
+RECHECK = "python -m rocmforge doctor"  # what the CLI's verdict tells to run after the fixes
 # Free space where builds go: a PyTorch tree with its build dir and ccache takes ~40 GB.
 DISK_FAIL_GB, DISK_WARN_GB = 20, 60
 # Libraries every ROCm build links; the math/communication libraries only PyTorch's needs.
 CORE_LIBRARIES = ("amdhip64", "hsa-runtime64")
-# How to fix an unmet requirement, per tool: the usual remedy on Ubuntu/Debian hosts.
-FIX_HINTS: dict[str, str] = {
-    "gcc": "install gcc-{major} g++-{major} (apt); rocmforge then picks gcc-{major} itself, or set CC/CXX",
-    "g++": "install g++-{major} (apt) or set CXX",
-    "clang": "install clang-{major} (apt.llvm.org) or set CC/CXX",
-    "cmake": "pip install 'cmake{spec}' (CMake 4 broke several ROCm builds)",
-    "ninja": "pip install ninja",
-    "git": "install git (apt install git)",
-    "python": "use a Python that matches {spec} (uv python install)",
-    "rocm": "install ROCm {spec} (repo.radeon.com) or `pip install rocm[libraries,devel]`; set ROCM_PATH",
-    "nvcc": "install the CUDA toolkit {spec} and set CUDA_HOME",
-}
 
 
 @dataclass(frozen=True)
@@ -115,7 +105,7 @@ def _tools(ctx: _Context) -> list[Check]:
         if version:
             checks.append(Check(tool, OK, version))
         else:
-            checks.append(Check(tool, FAIL, "not found", FIX_HINTS[tool].format(spec="", major="")))
+            checks.append(Check(tool, FAIL, "not found", install_hint(tool, ctx.facts.os_id)))
     for var, value, version in (
         ("CC", ctx.facts.cc, ctx.facts.cc_version),
         ("CXX", ctx.facts.cxx, ctx.facts.cxx_version),
@@ -132,7 +122,7 @@ def _tools(ctx: _Context) -> list[Check]:
                 "compile cache",
                 FAIL,
                 f"{tool} not found",
-                f"install {tool} or set build.compile_cache = 'none'",
+                f"{install_hint(tool, ctx.facts.os_id)}, or set build.compile_cache = 'none'",
             )
         )
     return checks
@@ -185,10 +175,7 @@ def _requirements(ctx: _Context) -> list[Check]:
             if satisfies(version, req.spec):
                 checks.append(Check(name, OK, found))
             else:
-                major = next((c.lstrip(">=~") for c in req.spec.split(",") if c.startswith(">")), "")
-                hint = FIX_HINTS.get(req.tool, "install {tool} {spec}").format(
-                    tool=req.tool, spec=req.spec, major=major.split(".")[0]
-                )
+                hint = install_hint(req.tool, ctx.facts.os_id, spec=req.spec)
                 checks.append(Check(name, FAIL, found, f"{hint} - {req.why}"))
     return checks
 
@@ -230,8 +217,7 @@ def _rocm(ctx: _Context) -> list[Check]:
                     if rocm.version
                     else f"no ROCm {pinned}: {rocm.root} ({rocm.origin}) has no ROCm version; "
                     "not a ROCm install",
-                    f"no ROCm {pinned} found: install ROCm {pinned} (repo.radeon.com, amdgpu-install) or "
-                    f"`pip install rocm[libraries,devel]`, then set ROCM_PATH to it",
+                    install_hint("rocm", f.os_id, spec=pinned),
                 )
             )
         elif not rocm.version.startswith(pinned):
@@ -346,7 +332,7 @@ def _conda(ctx: _Context) -> list[Check]:
 def _cuda(ctx: _Context) -> list[Check]:
     f = ctx.facts
     if not f.cuda_home or not f.tools.get("nvcc"):
-        return [Check("CUDA", FAIL, "no CUDA toolkit (nvcc) found", FIX_HINTS["nvcc"].format(spec=""))]
+        return [Check("CUDA", FAIL, "no CUDA toolkit (nvcc) found", install_hint("nvcc", f.os_id))]
     return [Check("CUDA", OK, f"nvcc {f.tools['nvcc']} at {f.cuda_home}")]
 
 
@@ -373,14 +359,17 @@ def run_checks(cfg: Config, facts: HostFacts, packages: list[str] | None = None)
     return checks
 
 
-def verdict(checks: list[Check]) -> str:
-    """One sentence: ready, or what failed and what to do."""
+def verdict(checks: list[Check], recheck: str = "nox -s toolchain") -> str:
+    """One sentence: ready, or what failed and what to do (``recheck``: the command to run after)."""
     fails = [c for c in checks if c.status == FAIL]
     warns = [c for c in checks if c.status == WARN]
     if not fails:
         return f"ready to build ({len(warns)} warning{'s' if len(warns) != 1 else ''})"
     names = "; ".join(f"{c.name}: {c.found}" for c in fails)
-    return f"not ready to build: {len(fails)} check(s) failed ({names}); apply the fixes shown and rerun"
+    return (
+        f"not ready to build: {len(fails)} check(s) failed ({names}); apply the fixes in the table's "
+        f"fix column, then check again with `{recheck}`"
+    )
 
 
 def require_ok(cfg: Config, facts: HostFacts, packages: list[str] | None) -> list[Check]:
@@ -389,7 +378,7 @@ def require_ok(cfg: Config, facts: HostFacts, packages: list[str] | None) -> lis
     if any(c.status == FAIL for c in checks):
         # Show the rows that matter (with their fixes) before the one-line verdict.
         render([c for c in checks if c.status != OK])
-        raise UserError(verdict(checks) + " `nox -s toolchain`", exit_code=1)
+        raise UserError(verdict(checks), exit_code=1)
     return checks
 
 
@@ -414,13 +403,13 @@ def report(cfg: Config, facts: HostFacts, *, as_json: bool = False) -> int:
     checks = run_checks(cfg, facts)
     failed = any(c.status == FAIL for c in checks)
     if as_json:
-        doc = {"ok": not failed, "verdict": verdict(checks), "checks": [asdict(c) for c in checks]}
+        doc = {"ok": not failed, "verdict": verdict(checks, RECHECK), "checks": [asdict(c) for c in checks]}
         print(json.dumps({**doc, "facts": facts.to_json()}, indent=2))
     else:
         from rocmforge.console import console
 
         render(checks)
-        console.print(verdict(checks), style="bold red" if failed else "green", markup=False)
+        console.print(verdict(checks, RECHECK), style="bold red" if failed else "green", markup=False)
     return 1 if failed else 0
 
 

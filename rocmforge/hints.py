@@ -1,0 +1,40 @@
+"""How to get a missing or too-old tool on this distribution: the data is ``hints.toml``.
+
+The doctor and the compile cache print these next to a failed check. One text per tool and
+distribution (``debian-12``, ``ubuntu-22.04``, ``ubuntu-24.04``, ``rhel-9``), because the route
+differs: Debian 12 has no gcc-13 package at all, Ubuntu 22.04 needs a PPA, RHEL a toolset.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+# g++ comes from the same packages as gcc.
+_SAME_AS = {"g++": "gcc"}
+
+
+@functools.cache
+def _table() -> dict[str, dict[str, str]]:
+    return tomllib.loads((Path(__file__).with_name("hints.toml")).read_text())
+
+
+def install_hint(tool: str, os_id: str, *, spec: str = "", root: bool | None = None) -> str:
+    """How to install ``tool`` (meeting ``spec``, e.g. ``>=13``) on the distribution ``os_id``.
+
+    ``root``: whether the user is root (default: this process's user), who runs package
+    managers without ``sudo`` (a container as root often has no sudo at all).
+    """
+    entry = _table().get(_SAME_AS.get(tool, tool))
+    if entry is None:
+        return f"install {tool} {spec}".strip()
+    first = next((c for c in spec.split(",") if c.strip().startswith(">")), "")
+    major = first.strip().lstrip(">=~").split(".")[0]
+    root = os.geteuid() == 0 if root is None else root
+    return entry.get(os_id, entry["default"]).format(spec=spec, major=major, sudo="" if root else "sudo ")
