@@ -36,11 +36,28 @@ CACHE = Path(os.environ.get("ROCMFORGE_TEST_CACHE", Path.home() / ".cache" / "ro
 BUNDLER = shutil.which("clang-offload-bundler-22") or "/usr/lib/llvm-22/bin/clang-offload-bundler"
 
 
+# Where each tool the tests run comes from on Debian 12 (`apt install clang` would bring
+# clang-14, and llvm-readelf-22 is no package name); .ci/run installs all but nvcc.
+INSTALL = {
+    "clang++-22": "apt-get install clang-22 lld-22",
+    "clang++-19": "apt-get install clang-19 lld-19",
+    "llvm-ar-22": "apt-get install llvm-22",
+    "llvm-readelf-22": "apt-get install llvm-22",
+    "hipcc": "apt-get install hipcc",
+    "cc": "apt-get install gcc",
+}
+
+
 def need(tool: str) -> str:
     """The path of ``tool``, or skip the test saying which package provides it."""
     path = shutil.which(tool)
     if not path:
-        pytest.skip(f"{tool} not installed (Debian: apt install {tool.split('++')[0]} / see .ci/run)")
+        if tool == "nvcc":
+            pytest.skip(
+                "nvcc not installed: the CUDA toolkit; these tests run on a CUDA host (docs/cuda-e2e.md)"
+            )
+        how = f"Debian 12: {INSTALL[tool]}, as .ci/run does" if tool in INSTALL else "see .ci/run"
+        pytest.skip(f"{tool} not installed ({how})")
     return path
 
 
@@ -83,7 +100,7 @@ def hipcc(out: Path, archs: list[str], *, link: tuple[str, ...] = ()) -> Path:
 def bundler_list(blob: bytes, tmp: Path) -> set[str]:
     """The entry IDs ``clang-offload-bundler --list`` reads from one bundle's bytes."""
     if not os.path.exists(BUNDLER):
-        pytest.skip("clang-offload-bundler-22 not installed (Debian clang-tools-22)")
+        pytest.skip("clang-offload-bundler-22 not installed (Debian 12: apt-get install clang-tools-22)")
     path = tmp / "bundle.bin"
     path.write_bytes(blob)
     res = subprocess.run(
