@@ -34,7 +34,23 @@ def install_hint(tool: str, os_id: str, *, spec: str = "", root: bool | None = N
     entry = _table().get(_SAME_AS.get(tool, tool))
     if entry is None:
         return f"install {tool} {spec}".strip()
-    first = next((c for c in spec.split(",") if c.strip().startswith(">")), "")
-    major = first.strip().lstrip(">=~").split(".")[0]
     root = os.geteuid() == 0 if root is None else root
-    return entry.get(os_id, entry["default"]).format(spec=spec, major=major, sudo="" if root else "sudo ")
+    text = entry.get(os_id, entry["default"])
+    return text.format(spec=spec, major=_major(spec), sudo="" if root else "sudo ")
+
+
+def _major(spec: str) -> str:
+    """The major version to install for ``spec``: ``>=13`` -> 13, ``<13`` -> 12, ``<=12.3`` -> 12."""
+    bounds = [c.strip() for c in spec.split(",") if c.strip()]
+    lower = next((c for c in bounds if c[0] in ">=~"), None)
+    if lower:
+        return lower.lstrip(">=~").split(".")[0]
+    upper = next((c for c in bounds if c.startswith("<")), None)
+    if upper is None:
+        return ""
+    number = upper.lstrip("<=")
+    major = number.split(".")[0]
+    # "<13" excludes 13.0 itself; "<13.2" and "<=13" still admit a 13.
+    if upper.startswith("<=") or "." in number.rstrip(".0") or not major.isdigit():
+        return major
+    return str(int(major) - 1)
