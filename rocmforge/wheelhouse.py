@@ -132,7 +132,7 @@ class Wheelhouse:
         if not entries:
             # No index rather than an empty one: a header-only constraints.txt pins nothing, so
             # `pip install -c constraints.txt vllm` would quietly take vllm from PyPI.
-            for path in (self.simple, self.constraints, self.root / _HASHES):
+            for path in (self.simple, self.constraints, self.root / _HASHES, self.root / contract.STACK_FILE):
                 _remove(path)
             return entries
         by_project: dict[str, list[Entry]] = {}
