@@ -206,6 +206,17 @@ def _rocm(ctx: _Context) -> list[Check]:
         )
     else:
         checks.append(Check("ROCm installs", OK, where))
+    if rocm.kind == "pip":
+        # Nothing here builds against it or tests it (its device libraries and CMake config live
+        # elsewhere than /opt/rocm's; PyPI's `rocm` is a placeholder), so it is not suggested.
+        checks.append(
+            Check(
+                "ROCm layout",
+                WARN,
+                f"{where} is AMD's pip SDK (TheRock's rocm[devel] wheels), a layout rocmforge does not test",
+                "install ROCm from AMD's packages (amdgpu-install) and set ROCM_PATH to it",
+            )
+        )
     if pinned:
         if not rocm.version or not satisfies(rocm.version, f">={pinned}"):
             checks.append(
@@ -257,7 +268,7 @@ def _rocm(ctx: _Context) -> list[Check]:
                 "ROCm libraries",
                 FAIL if severe else WARN,
                 f"missing in {rocm.lib_dir or rocm.root}: {', '.join(missing)}",
-                "install the ROCm math and communication libraries (rocm-libs / rocm[libraries])",
+                "install the ROCm math and communication libraries (the rocm-libs package)",
             )
         )
     else:

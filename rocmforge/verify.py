@@ -58,7 +58,7 @@ GPU_TIMEOUT = 900
 
 # soname pattern -> what provides it; the fix a user needs when the library is missing.
 PROVIDERS: tuple[tuple[str, str], ...] = (
-    (r"libamdhip64\.", "the HIP runtime: ROCm package hip-runtime-amd (or pip rocm[libraries])"),
+    (r"libamdhip64\.", "the HIP runtime: ROCm package hip-runtime-amd"),
     (r"libhipblaslt\.", "ROCm package hipblaslt"),
     (r"libhipblas\.", "ROCm package hipblas"),
     (r"librocblas\.", "ROCm package rocblas"),

@@ -252,3 +252,18 @@ def test_every_requirement_tool_has_a_hint_for_every_distribution():
                 hint = install_hint(tool, os_id, spec=">=13", root=root)
                 assert hint and "{" not in hint and not hint.startswith("install " + tool + " >=13")
                 assert ("sudo" in hint) <= (not root)
+
+
+def test_amds_pip_sdk_is_named_with_a_warning_never_suggested(tmp_path):
+    """TheRock's rocm[devel] layout is untested here (PyPI's `rocm` is a placeholder): the
+    doctor says so instead of recommending it."""
+    bindir = fakehost.toolchain(tmp_path / "bin")
+    fakehost.proc(tmp_path)
+    site = tmp_path / "venv/lib/python3.12/site-packages"
+    fakehost.write(site / "_rocm_sdk_devel/.info/version", "7.10.0\n")
+    fakehost.write(site / "rocm_sdk_core-7.10.0.dist-info/METADATA", "Name: rocm-sdk-core\n")
+    facts = gather(fakehost.environ(bindir, VIRTUAL_ENV=str(tmp_path / "venv")), root=tmp_path)
+    checks = run_checks(config(), facts)
+    layout = by_name(checks)["ROCm layout"]
+    assert layout.status == WARN and "pip SDK" in layout.found and "amdgpu-install" in layout.fix
+    assert not [c for c in checks if "rocm[" in f"{c.fix}"]
