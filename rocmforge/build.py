@@ -36,11 +36,18 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from rocmforge import __version__, buildlog, compile_cache, contract, provenance, recipes
-from rocmforge.config import VENV_TOOLS, Config, Package
+from rocmforge.config import VENV_TOOLS, Config, Package, package_archs
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json
-from rocmforge.wheelfile import drop_requirements, read_metadata, rewrite_wheel, wheel_name, with_local_label
+from rocmforge.wheelfile import (
+    drop_requirements,
+    pin_requirements,
+    read_metadata,
+    rewrite_wheel,
+    wheel_name,
+    with_local_label,
+)
 from rocmforge.wheelhouse import Wheelhouse
 
 # Variables of the caller's environment that change what a compiler produces.
@@ -141,14 +148,15 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
             "options": dict(pkg.options),
         },
         "backend": cfg.build.backend,
-        "arch": list(target_archs(cfg)),
+        "arch": list(target_archs(cfg, pkg)),
         "compilers": compilers_used(own_env, facts),
         "rocm": facts.rocm_version,
         "python": python_version(cfg),
         "requirements": requirements,
         "dependencies": {dep: _sha256_of(house, wheel) for dep, wheel in deps.items()},
         # The published metadata depends on it: configuring our own Triton drops torch's pin.
-        "dropped": sorted(recipe.dropped_requirements(ctx)),
+        "dropped": sorted(_dropped_projects(recipe, ctx)),
+        "pins": ctx.pins,
         "env": own_env,
     }
     fingerprint = json_sha256(inputs)
@@ -207,7 +215,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         "patches": [{"file": f, "sha256": s} for f, s in checkout.patches],
         "retries": retries,
         "dependencies": inputs["dependencies"],
-        **_common_record(cfg, facts, own_env, fingerprint),
+        **_common_record(cfg, facts, own_env, fingerprint, pkg),
     }
     wheel = _fixup(ctx, recipe, built, work / "out", record)
     entry = house.publish(wheel)
@@ -304,7 +312,7 @@ def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: f
             "filename": original.name,
             "sha256": file_sha256(original),
         },
-        **_common_record(cfg, None, {}, fingerprint),
+        **_common_record(cfg, None, {}, fingerprint, pkg),
     }
     ctx = _prebuilt_context(cfg, pkg)
     recipe = recipes.get(pkg.recipe)
@@ -338,8 +346,10 @@ def _index_args(index: str | None) -> list[str]:
 
 def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -> Path:
     """The published form of ``wheel``: repaired by auditwheel, build-host RUNPATHs removed,
-    requirements dropped, label added, contract in METADATA, provenance inside."""
-    dropped_projects = recipe.dropped_requirements(ctx)
+    requirements dropped, our dependencies pinned exactly, label added, contract in METADATA,
+    provenance inside."""
+    pins = ctx.pins
+    dropped_projects = _dropped_projects(recipe, ctx)
     portable = contract.prepare(
         wheel,
         out.parent / "contract",
@@ -352,15 +362,23 @@ def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -
     label = ctx.package.local_version
     if label and not recipe.native_local_version(ctx):
         version = with_local_label(version, label)
+
+    def requirements(metadata) -> tuple[list[str], list[str]]:
+        return drop_requirements(metadata, dropped_projects), pin_requirements(metadata, pins)
+
+    dropped, pinned_after = requirements(read_metadata(wheel))
     record = {
         **record,
         "version": version,
-        "dropped_requirements": drop_requirements(read_metadata(wheel), dropped_projects),
+        "dropped_requirements": dropped,
+        "exact_pins": {project: f"=={v}" for project, v in pins.items()},
+        # Pins the build did not write itself, added to METADATA here.
+        "pins_added": pinned_after,
         "contract": portable.contract,
     }
 
     def edit(metadata) -> None:
-        drop_requirements(metadata, dropped_projects)
+        requirements(metadata)
         contract.add_requires_external(metadata, portable.contract)
 
     published = rewrite_wheel(
@@ -375,10 +393,15 @@ def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -
     return published
 
 
-def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str) -> dict:
+def _dropped_projects(recipe, ctx: recipes.Context) -> set[str]:
+    """What the recipe drops from the wheel's requirements, never one of our exact pins."""
+    return recipe.dropped_requirements(ctx) - {canonicalize_name(p) for p in ctx.pins}
+
+
+def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str, pkg: Package) -> dict:
     return {
         "backend": cfg.build.backend,
-        "arch": list(target_archs(cfg)),
+        "arch": list(target_archs(cfg, pkg)),
         "rocm_version": facts.rocm_version if facts is not None else None,
         "compilers": compilers_used(env, facts) if facts is not None else {},
         "opt_level": cfg.build.opt_level,
@@ -518,9 +541,9 @@ def compilers_used(env: Mapping[str, str], facts) -> dict[str, str | None]:
     return used
 
 
-def target_archs(cfg: Config) -> tuple[str, ...]:
-    """The GPU archs the build compiles for: ``build.cuda_arch`` for CUDA, else ``build.arch``."""
-    return cfg.build.cuda_arch if cfg.build.backend == "cuda" else cfg.build.arch
+def target_archs(cfg: Config, pkg: Package) -> tuple[str, ...]:
+    """The GPU archs ``pkg`` is built for: ``build.cuda_arch`` for CUDA, else its share of ``build.arch``."""
+    return cfg.build.cuda_arch if cfg.build.backend == "cuda" else package_archs(cfg, pkg)
 
 
 def _single_wheel(directory: Path, name: str, log: Path) -> Path:

@@ -21,7 +21,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rocmforge import compile_cache, recipes
-from rocmforge.config import Config, Package
+from rocmforge.config import Config, Package, require_package_archs
 from rocmforge.errors import UserError
 from rocmforge.host import HostFacts, RocmInstall, selected_rocm
 
@@ -129,7 +129,8 @@ def build_environment(
         path = _prepend([os.path.join(rocm.root, "bin")], path)
         ld_path = _prepend([rocm.lib_dir], ld_path)
         prefix = _prepend([rocm.root], prefix)
-        env["PYTORCH_ROCM_ARCH"] = ";".join(cfg.build.arch)
+        # The package's own list where it has one (aiter: gfx942;gfx950 only).
+        env["PYTORCH_ROCM_ARCH"] = ";".join(require_package_archs(cfg, package))
         env.update(USE_ROCM="1", USE_CUDA="0")
     elif backend == "cuda":
         if not facts.cuda_home:

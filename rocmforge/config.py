@@ -41,8 +41,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 BACKENDS = ("rocm", "cuda", "cpu")
-RECIPES = ("pytorch", "triton", "vllm", "generic")
-SOURCE_KINDS = ("git", "pypi", "url", "path")
+RECIPES = ("pytorch", "triton", "torchvision", "torchaudio", "vllm", "generic")
+SOURCE_KINDS = ("git", "pypi", "url", "path", "rocm")
 # Tools a ``[[packages.X.requires]]`` entry may name: the ones the doctor knows how to measure.
 REQUIREMENT_TOOLS = ("gcc", "g++", "clang", "cmake", "ninja", "git", "python", "rocm", "nvcc")
 # Those among them a build venv installs from PyPI under the requirement's spec, so the build runs
@@ -84,6 +84,7 @@ class Source:
     version: str | None = None  # pypi
     sha256: str | None = None  # pypi, url
     path: Path | None = None  # path: a local tree, for people developing the upstream
+    rocm_path: str | None = None  # rocm: a tree inside the ROCm install, e.g. "share/amd_smi"
     subdir: str | None = None  # where the buildable project lives inside the tree
 
 
@@ -134,6 +135,11 @@ class Package:
     pin_from: str | None  # take the pin from this package's tree (Triton from PyTorch)
     override_pin: bool  # on purpose: keep our pin even if ``pin_from`` disagrees
     options: Mapping[str, Any]  # recipe-specific knobs, documented per recipe
+    # GPU archs this package supports; it is built for build.arch narrowed to these
+    # (aiter: gfx942, gfx950). None: all of build.arch. See :func:`package_archs`.
+    arch: tuple[str, ...] | None = None
+    # Dependencies whose Requires-Dist stays as the build wrote it instead of ``==`` our wheel.
+    unpinned_depends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -312,16 +318,27 @@ def _source(t: _Table, root: Path) -> Source:
         name=t.get("name", str),
         version=t.get("version", str),
         sha256=t.get("sha256", str),
-        path=_path(root, p) if (p := t.get("path", str)) else None,
         subdir=t.get("subdir", str),
     )
+    p = t.get("path", str)
+    if p is not None and kind == "rocm":
+        _check_inside(p, t.key("path"))  # relative to the ROCm install, never outside it
+        src = replace(src, rocm_path=p)
+    elif p:
+        src = replace(src, path=_path(root, p))
     t.done()
     needed = {
         "git": ("url", "rev"),
         "pypi": ("name", "version", "sha256"),
         "url": ("url", "sha256"),
         "path": ("path",),
+        "rocm": (),
     }[kind]
+    if kind == "rocm" and not src.rocm_path:
+        raise UserError(
+            f"{t.key('path')}: required for a rocm source: the tree inside the ROCm install, "
+            'e.g. "share/amd_smi"'
+        )
     for name in needed:
         if getattr(src, name) in (None, ""):
             raise UserError(f"{t.key(name)}: required for a {kind} source")
@@ -449,13 +466,51 @@ def _package(name: str, t: _Table, root: Path) -> Package:
         pin_from=t.get("pin_from", str),
         override_pin=t.get("override_pin", bool, False),
         options=MappingProxyType(dict(t.get("options", dict, {}))),
+        arch=_package_arch(t),
+        unpinned_depends=t.strings("unpinned_depends"),
     )
     t.done()  # first: a typo such as `sources = {...}` is an unknown key, not a missing [source]
     if source is None and prebuilt is None:
         raise UserError(f"{t.path}: needs a [source] table (or [prebuilt] to take a ready wheel)")
     if source is not None and prebuilt is not None:
         raise UserError(f"{t.path}: has both [source] and [prebuilt]; keep one")
+    for i, dep in enumerate(pkg.unpinned_depends):
+        if dep not in pkg.depends:
+            raise UserError(
+                f"{t.key('unpinned_depends')}[{i}]: {dep!r} is not in depends; list only dependencies"
+            )
     return pkg
+
+
+def _package_arch(t: _Table) -> tuple[str, ...] | None:
+    """``packages.X.arch``: the archs the package supports (a list, or "gfx942;gfx950")."""
+    value = t.get("arch", (list, str), None)
+    return None if value is None else parse_arch_list(value, key=t.key("arch"))
+
+
+def package_archs(cfg: Config, pkg: Package) -> tuple[str, ...]:
+    """The ROCm archs ``pkg`` is built for: ``build.arch`` narrowed to ``packages.X.arch``.
+
+    In build.arch's order. Empty when the two share nothing, which only an environment
+    override can cause (a file that does so is refused at load); the package's build then
+    stops with :func:`require_package_archs`'s one line.
+    """
+    if pkg.arch is None:
+        return tuple(cfg.build.arch)
+    wanted = {a.split(":")[0] for a in pkg.arch}
+    return tuple(a for a in cfg.build.arch if a.split(":")[0] in wanted)
+
+
+def require_package_archs(cfg: Config, pkg: Package) -> tuple[str, ...]:
+    """:func:`package_archs`, or a one-line error when the package has none to build for."""
+    archs = package_archs(cfg, pkg)
+    if not archs and cfg.build.backend == "rocm":
+        raise UserError(
+            f"packages.{pkg.name}.arch: {pkg.name} supports only {';'.join(pkg.arch)}, none of which is in "
+            f"build.arch ({';'.join(cfg.build.arch)}); add one to build.arch / PYTORCH_ROCM_ARCH "
+            f"or skip {pkg.name}"
+        )
+    return archs
 
 
 def _env_choice(
@@ -677,7 +732,22 @@ def parse_config(data: Mapping[str, Any], *, path: Path, environ: Mapping[str, s
         overrides=tuple(notes),
     )
     _check_cycles(cfg)
+    _check_package_archs(cfg, arch_overridden="PYTORCH_ROCM_ARCH" in environ)
     return cfg
+
+
+def _check_package_archs(cfg: Config, *, arch_overridden: bool) -> None:
+    """A package's arch list must meet build.arch; an override narrowing it away is noted instead."""
+    if cfg.build.backend != "rocm":
+        return
+    for pkg in cfg.packages.values():
+        if pkg.arch is None or package_archs(cfg, pkg):
+            continue
+        if not arch_overridden:
+            raise UserError(
+                f"packages.{pkg.name}.arch: none of {';'.join(pkg.arch)} is in build.arch "
+                f"({';'.join(cfg.build.arch)}); add one to build.arch or fix the package's list"
+            )
 
 
 def _check_cycles(cfg: Config) -> None:

@@ -347,12 +347,30 @@ def _cuda(ctx: _Context) -> list[Check]:
     return [Check("CUDA", OK, f"nvcc {f.tools['nvcc']} at {f.cuda_home}")]
 
 
+def _rocm_sources(ctx: _Context) -> list[Check]:
+    """Sources that live in the ROCm install (amdsmi's share/amd_smi): present in the one used?"""
+    from rocmforge.sources import rocm_tree
+
+    checks = []
+    for package in ctx.packages:
+        if package.source.kind != "rocm":
+            continue
+        name = f"{package.name}: source in ROCm"
+        try:
+            checks.append(Check(name, OK, str(rocm_tree(package, ctx.facts.rocm_installs))))
+        except UserError as exc:
+            found, _, fix = str(exc).partition("; ")
+            checks.append(Check(name, FAIL, found.split(": ", 1)[-1], fix))
+    return checks
+
+
 # Check groups in table order; the bool says whether a group runs for a backend.
 CHECKS: tuple[tuple[Callable[[_Context], list[Check]], Callable[[str], bool]], ...] = (
     (_host, lambda backend: True),
     (_tools, lambda backend: True),
     (_requirements, lambda backend: True),
     (_rocm, lambda backend: backend == "rocm"),
+    (_rocm_sources, lambda backend: backend == "rocm"),
     (_gpus, lambda backend: backend == "rocm"),
     (_cuda, lambda backend: backend == "cuda"),
     (_conda, lambda backend: True),

@@ -20,6 +20,7 @@ export made by ``nox -s export``) never touches the network and names what is mi
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import http.client
 import json
@@ -142,19 +143,26 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
     offline = offline or bundle is not None
     if src.kind == "path":
         return _local_tree(pkg, src)
+    url, sha256 = src.url, src.sha256
+    if src.kind == "rocm":
+        # A tree of the ROCm install (amdsmi's share/amd_smi): named by its path and content.
+        from rocmforge.host import find_rocm_installs
+
+        located = rocm_tree(pkg, find_rocm_installs(environ=os.environ))
+        url, sha256 = str(located), tree_sha256(located)
     pin = _effective_pin(cfg, pkg, offline=offline)
     version = pin.version
     selected = patchmod.select(cfg, pkg, version)
     key = {
         "stamp": STAMP_VERSION,
         "kind": src.kind,
-        "url": src.url,
+        "url": url,
         "rev": src.rev,
         "commit": pin.commit,
         "submodules": src.submodules,
         "name": src.name,
         "version": version,
-        "sha256": src.sha256,
+        "sha256": sha256,
         "subdir": src.subdir,
         "patches": [[s.file, s.sha256, s.workdir] for s in selected],
     }
@@ -281,16 +289,27 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
         base_commit, url, sha256 = root.commit, src.url, None
         submodules = {r.path: r.commit for r in _walk(root) if r.path}
     else:
-        url, filename = _archive_location(pkg, src, offline=offline)
-        archive = _fetch_archive(
-            cache, url, filename, src.sha256, offline=offline, bundle=bundle, what=pkg.name
-        )
-        base_commit = _reusable_import(stamp_path, tree, src.sha256)
+        if src.kind == "rocm":
+            url, digest = key["url"], key["sha256"]
+
+            def fill(staging: Path) -> str:
+                return _import_directory(Path(url), staging)
+        else:
+            url, filename = _archive_location(pkg, src, offline=offline)
+            archive = _fetch_archive(
+                cache, url, filename, src.sha256, offline=offline, bundle=bundle, what=pkg.name
+            )
+            digest = src.sha256
+
+            def fill(staging: Path) -> str:
+                return _import_archive(archive, staging, what=pkg.name)
+
+        base_commit = _reusable_import(stamp_path, tree, digest)
         staging = None
         try:
             if base_commit is None:
                 staging = Path(tempfile.mkdtemp(prefix=f".{tree.name}.tmp-", dir=tree.parent))
-                base_commit = _import_archive(archive, staging, what=pkg.name)
+                base_commit = fill(staging)
             plan = patchmod.dry_run(selected, {"": ((staging or tree) / ".git", base_commit)})
         except BaseException:
             if staging:
@@ -301,7 +320,7 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
             _replace_tree(staging, tree)
         else:
             _reset(tree, base_commit)
-        commit, sha256, submodules = None, src.sha256, {}
+        commit, sha256, submodules = None, digest, {}
     applied = patchmod.apply(plan, tree)
     checkout = Checkout(
         package=pkg.name,
@@ -988,10 +1007,59 @@ def _import_archive(archive: Path, staging: Path, *, what: str) -> str:
     for item in top.iterdir():
         os.replace(item, staging / item.name)
     shutil.rmtree(raw)
+    return _commit_tree(staging, archive.name)
+
+
+def _commit_tree(staging: Path, what: str) -> str:
+    """Commit everything in ``staging`` as one new repository; the commit id."""
     git.run(["init", "-q"], cwd=staging)
     git.run(["add", "--all", "--force", "."], cwd=staging)
-    git.run(["commit", "-q", "--no-verify", "-m", f"rocmforge: {archive.name}"], cwd=staging)
+    git.run(["commit", "-q", "--no-verify", "-m", f"rocmforge: {what}"], cwd=staging)
     return git.run(["rev-parse", "HEAD"], cwd=staging).stdout.strip()
+
+
+# In-tree outputs of an earlier `pip wheel .` run inside the ROCm install (the vLLM
+# Dockerfile's build_amdsmi does that as root): not part of the source.
+_BUILD_LEFTOVERS = ("build", "dist", "*.egg-info", "__pycache__")
+
+
+def _import_directory(source: Path, staging: Path) -> str:
+    """Copy a tree of the ROCm install into ``staging`` and commit it: builds never write there."""
+    shutil.copytree(source, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*_BUILD_LEFTOVERS))
+    return _commit_tree(staging, str(source))
+
+
+def tree_sha256(root: Path) -> str:
+    """A digest of a directory's files (paths and contents), build leftovers excluded."""
+    files = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(fnmatch.fnmatch(part, p) for part in rel.parts for p in _BUILD_LEFTOVERS):
+            continue
+        if path.is_file():
+            files.append([rel.as_posix(), file_sha256(path)])
+    return json_sha256(files)
+
+
+def rocm_tree(pkg: Package, installs) -> Path:
+    """Where ``pkg``'s ``kind = "rocm"`` source lives in the ROCm a build uses (the first of
+    ``installs``), or a one-line error with the fix."""
+    rel = pkg.source.rocm_path
+    if not installs:
+        raise UserError(
+            f"packages.{pkg.name}.source: a rocm source needs a ROCm install, and none was found; "
+            f"install ROCm or set ROCM_PATH, or take {pkg.name} prebuilt ([packages.{pkg.name}.prebuilt])"
+        )
+    root = Path(installs[0].root)
+    where = root / rel
+    if not (where / "pyproject.toml").is_file() and not (where / "setup.py").is_file():
+        what = "has no pyproject.toml or setup.py" if where.is_dir() else "does not exist"
+        raise UserError(
+            f"packages.{pkg.name}.source: {where} {what} (ROCm {installs[0].version or '?'} at {root}); "
+            f"install the ROCm component that ships it (amd-smi-lib for share/amd_smi), or take "
+            f"{pkg.name} prebuilt ([packages.{pkg.name}.prebuilt], see docs/stack.md)"
+        )
+    return where
 
 
 def _reusable_import(stamp_path: Path, tree: Path, sha256: str) -> str | None:

@@ -16,7 +16,7 @@ import os
 import re
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.message import Message
 from email.parser import Parser
@@ -78,6 +78,42 @@ def drop_requirements(metadata: Message, projects: set[str]) -> list[str]:
     for line in kept:
         metadata["Requires-Dist"] = line
     return dropped
+
+
+def pin_requirements(metadata: Message, pins: Mapping[str, str]) -> list[str]:
+    """Make ``Requires-Dist`` name each project of ``pins`` at exactly its version.
+
+    An existing line keeps its extras and marker and gets ``==version`` as its only specifier;
+    a project not named yet gets a new line. Lines of optional extras are left alone. Returns
+    the lines this wrote (empty when the build already pinned everything exactly).
+    """
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    wanted = {canonicalize_name(p): v for p, v in pins.items()}
+    seen: set[str] = set()
+    lines, written = [], []
+    for line in metadata.get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        name = canonicalize_name(req.name)
+        if name not in wanted or (req.marker is not None and "extra" in str(req.marker)):
+            lines.append(line)
+            continue
+        seen.add(name)
+        exact = SpecifierSet(f"=={wanted[name]}")
+        if req.specifier != exact:
+            req.specifier = exact
+            line = str(req)
+            written.append(line)
+        lines.append(line)
+    for name, version in wanted.items():
+        if name not in seen:
+            lines.append(f"{name}=={version}")
+            written.append(lines[-1])
+    del metadata["Requires-Dist"]
+    for line in lines:
+        metadata["Requires-Dist"] = line
+    return written
 
 
 def with_local_label(version: str, label: str) -> str:

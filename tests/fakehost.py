@@ -70,12 +70,14 @@ def toolchain(bindir: Path, *, gcc_names=("gcc", "g++")) -> Path:
 
 
 def rocm(root: Path, rel: str = "opt/rocm-7.2.0", version: str = "7.2.0-43", libs=KEY_LIBRARIES) -> Path:
-    """An AMD-layout ROCm: .info/version, bin/hipcc, lib/lib<name>.so for ``libs``."""
+    """An AMD-layout ROCm: .info/version, bin/hipcc, lib/lib<name>.so for ``libs``, and the
+    amdsmi Python project under share/amd_smi (what ROCm's amd-smi-lib package installs)."""
     base = root / rel
     write(base / ".info/version", version + "\n")
     tool(base / "bin", "hipcc", f"HIP version: {version}")
     for name in libs:
         write(base / "lib" / f"lib{name}.so", b"\x7fELF")
+    write(base / "share/amd_smi/pyproject.toml", '[project]\nname = "amdsmi"\nversion = "26.2.1"\n')
     return base
 
 

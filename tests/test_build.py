@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from rocmforge.config import tomllib
+from rocmforge.errors import UserError
 from rocmforge.wheelfile import read_member, wheel_name
 from rocmforge.wheelhouse import Wheelhouse
 
@@ -458,3 +459,85 @@ def test_example_config_pins_the_commits_make_repos_creates(tmp_path, example):
     commits = _make_repos(tmp_path)
     pinned = {name: package.source.commit for name, package in cfg.packages.items()}
     assert pinned == {name: commits[name] for name in pinned}
+
+
+def test_a_package_requires_its_dependencies_exactly(tmp_path):
+    """Built against our torch, a package names exactly that torch; unpinned_depends opts out."""
+    from rocmforge.build import build_package
+    from rocmforge.config import load_config
+    from rocmforge.host import gather
+    from rocmforge.wheelfile import read_metadata
+
+    vendor = pure_wheel(tmp_path / "torchlike", "torch", "2.13.0+rocm7.2")
+    consumer = tmp_path / "consumer"
+    pure_wheel(consumer, "consumer", "1.0", deps=["torch>=2"])
+    config = tmp_path / "rocmforge.toml"
+    text = (
+        '[build]\nbackend = "cpu"\nwork_dir = "out"\nwheelhouse = "out/wheelhouse"\nlogs_dir = "out/logs"\n'
+        '[packages.pytorch]\nrecipe = "pytorch"\n'
+        f'[packages.pytorch.prebuilt]\nrequirement = "torch==2.13.0+rocm7.2"\nindex = "{vendor}"\n'
+        f'[packages.consumer]\ndepends = ["pytorch"]\n'
+        f'[packages.consumer.source]\nkind = "path"\npath = "{consumer}"\n'
+    )
+    config.write_text(text)
+    facts = gather()
+    cfg = load_config(config, environ={})
+    build_package(cfg, "pytorch", facts=facts)
+    wheel = build_package(cfg, "consumer", facts=facts).wheel
+    assert read_metadata(wheel).get_all("Requires-Dist") == ["torch==2.13.0+rocm7.2"]
+    record = json.loads(read_member(wheel, "rocmforge.json"))
+    assert record["exact_pins"] == {"torch": "==2.13.0+rocm7.2"}
+    assert record["pins_added"] == ["torch==2.13.0+rocm7.2"]  # the build wrote torch>=2
+    _record_is_honest(wheel)
+    # From the index, the pin leaves the resolver one choice: our torch, even with PyPI behind it.
+    house = Wheelhouse(tmp_path / "out" / "wheelhouse")
+    python = venv_with(tmp_path, "--index", house.simple.as_uri(), "consumer")
+    shown = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.strip() == "2.13.0+rocm7.2"
+
+    config.write_text(
+        text.replace('depends = ["pytorch"]\n', 'depends = ["pytorch"]\nunpinned_depends = ["pytorch"]\n')
+    )
+    wheel = build_package(load_config(config, environ={}), "consumer", facts=facts).wheel
+    assert read_metadata(wheel).get_all("Requires-Dist") == ["torch>=2"]
+
+
+def test_a_rocm_source_is_copied_out_of_the_rocm_install_and_built(tmp_path, monkeypatch):
+    """amdsmi's way: the project under <ROCm>/share/amd_smi, built without writing into ROCm."""
+    from rocmforge.build import build_package
+    from rocmforge.config import load_config
+    from rocmforge.host import gather
+    from rocmforge.sources import tree_sha256
+
+    rocm = tmp_path / "rocm"
+    share = rocm / "share" / "amd_smi"
+    pure_wheel(share, "amdsmi", "26.2.1", init="def amdsmi_init():\n    return 0\n")
+    (rocm / ".info").mkdir()
+    (rocm / ".info" / "version").write_text("7.2.3-1\n")
+    monkeypatch.setenv("ROCM_PATH", str(rocm))
+    before = sorted(p.relative_to(rocm) for p in rocm.rglob("*"))
+    config = tmp_path / "rocmforge.toml"
+    config.write_text(
+        '[build]\nbackend = "cpu"\nwork_dir = "out"\nwheelhouse = "out/wheelhouse"\nlogs_dir = "out/logs"\n'
+        'third_party = "out/third_party"\n'
+        '[packages.amdsmi.source]\nkind = "rocm"\npath = "share/amd_smi"\n'
+    )
+    cfg = load_config(config, environ={})
+    result = build_package(cfg, "amdsmi", facts=gather())
+    assert wheel_name(result.wheel).version == "26.2.1"
+    source = json.loads(read_member(result.wheel, "rocmforge.json"))["source"]
+    assert source["kind"] == "rocm" and source["url"] == str(share)
+    assert source["sha256"] == tree_sha256(share)
+    assert sorted(p.relative_to(rocm) for p in rocm.rglob("*")) == before  # nothing written there
+    # Another ROCm's tree is another source: the wheel is rebuilt from it.
+    (share / "amdsmi" / "__init__.py").write_text("def amdsmi_init():\n    return 1\n")
+    assert build_package(cfg, "amdsmi", facts=gather()).status == "built"
+    # Missing (a ROCm without amd-smi-lib): one line naming the place and both ways out.
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path))
+    with pytest.raises(UserError, match=r"share/amd_smi does not exist .*amd-smi-lib.*prebuilt"):
+        build_package(cfg, "amdsmi", facts=gather())

@@ -225,7 +225,8 @@ def test_prebuilt_requirement_must_parse(tmp_path):
 
 def test_env_keys_must_be_variable_names(tmp_path):
     # "A B" was accepted and `env --shell` printed `export A B=z`.
-    text = GOOD.replace("gb_per_job = 3.0", 'gb_per_job = 3.0\nenv = {"A B" = "z"}')
+    vllm = "gb_per_job = 3.0\n\n[packages.vllm.source]"
+    text = GOOD.replace(vllm, vllm.replace("\n\n", '\nenv = {"A B" = "z"}\n\n', 1))
     line = one_line(
         cli(sys.executable, "-m", "rocmforge", "env", "vllm", "--shell", config_text=text, tmp_path=tmp_path)
     )

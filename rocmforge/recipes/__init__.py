@@ -4,7 +4,7 @@ A recipe answers five questions for :mod:`rocmforge.build`: which directory hold
 what must be installed in the build venv, which extra environment the build needs, which
 commands run before and for the build, and which ``Requires-Dist`` lines the finished wheel
 must lose. :class:`~rocmforge.recipes.generic.Generic` answers them for any PEP 517 project;
-``pytorch``, ``triton`` and ``vllm`` override what differs.
+``pytorch``, ``triton``, ``torchvision``, ``torchaudio`` and ``vllm`` override what differs.
 """
 
 from __future__ import annotations
@@ -46,6 +46,22 @@ class Context:
     def version(self) -> str | None:
         """The version being built: ``packages.NAME.version``, else the one the checkout declares."""
         return self.package.version or getattr(self.checkout, "version", None)
+
+    @property
+    def pins(self) -> dict[str, str]:
+        """Project -> version of each direct dependency's wheel this package must require at ``==``.
+
+        A package built against our wheels names exactly those wheels, so no later install can
+        swap one (``packages.NAME.unpinned_depends`` lists the exceptions). Recipes whose build
+        has its own switch for this pass it on (PyTorch's ``PYTORCH_EXTRA_INSTALL_REQUIREMENTS``);
+        the wheel fixup adds whatever the build did not write.
+        """
+        from rocmforge.wheelfile import wheel_name
+
+        pkg = self.package
+        pinned = [d for d in pkg.depends if d not in pkg.unpinned_depends and d in self.dependencies]
+        names = [wheel_name(self.dependencies[d]) for d in pinned]
+        return {n.project: n.version for n in names}
 
     def builds_own(self, recipe: str) -> bool:
         """Whether the config builds a package with ``recipe`` from source (not prebuilt)."""

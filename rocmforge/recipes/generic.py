@@ -1,11 +1,21 @@
-"""Any PEP 517 project: its declared build requirements, ``python -m build`` without isolation."""
+"""Any PEP 517 project: its declared build requirements, ``python -m build`` without isolation.
+
+Options (``[packages.NAME.options]``), so a package that only needs data gets no recipe of its own:
+- ``requirements_files``: requirements files in the project (e.g. ``["requirements.txt"]``)
+  installed into the build venv besides ``[build-system].requires``;
+- ``build_requires``: more requirements for the build venv (e.g. ``["pyyaml"]``);
+- ``arch_variables``: variables set to the package's arch list, ``;``-separated, for builds
+  that do not read ``PYTORCH_ROCM_ARCH`` (flash-attention's and aiter's ``GPU_ARCHS``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
-from rocmforge.recipes import Context, pyproject_build_requires
+from rocmforge.config import require_package_archs
+from rocmforge.errors import UserError
+from rocmforge.recipes import Context, pyproject_build_requires, read_requirements
 
 # PEP 517's fallback when a project declares no [build-system] (pip and build use the same).
 _LEGACY_BUILD_REQUIRES = ["setuptools>=40.8.0", "wheel"]
@@ -22,13 +32,27 @@ class Generic:
 
     def build_requirements(self, ctx: Context) -> list[str]:
         """What the build venv needs besides the dependencies' wheels."""
-        declared = pyproject_build_requires(self.project_dir(ctx.checkout))
-        return ["build", *(_LEGACY_BUILD_REQUIRES if declared is None else declared)]
+        root = self.project_dir(ctx.checkout)
+        declared = pyproject_build_requires(root)
+        listed = []
+        for i, name in enumerate(_strings(ctx, "requirements_files")):
+            if not (root / name).is_file():
+                raise UserError(
+                    f"packages.{ctx.package.name}.options.requirements_files[{i}]: {name} is not in the "
+                    f"source tree ({root})"
+                )
+            listed += read_requirements(root / name)
+        extra = _strings(ctx, "build_requires")
+        return ["build", *(_LEGACY_BUILD_REQUIRES if declared is None else declared), *listed, *extra]
 
     def environment(self, ctx: Context, env: Mapping[str, str]) -> dict[str, str]:
         """Variables this recipe adds to (or replaces in) ``env``, the generic build environment
         :func:`rocmforge.buildenv.build_environment` made so far; the config's ``env`` comes later."""
-        return {}
+        names = _strings(ctx, "arch_variables")
+        if not names or ctx.cfg.build.backend != "rocm":
+            return {}
+        archs = ";".join(require_package_archs(ctx.cfg, ctx.package))
+        return dict.fromkeys(names, archs)
 
     def prepare_commands(self, ctx: Context) -> list[list[str]]:
         """Commands run in the project directory before the build (code generation, hipify)."""
@@ -53,6 +77,14 @@ class Generic:
     def native_local_version(self, ctx: Context) -> bool:
         """Whether the build itself applies ``local_version`` (else the wheel is relabelled)."""
         return False
+
+
+def _strings(ctx: Context, option: str) -> list[str]:
+    """A list-of-strings option, or a one-line error naming the key."""
+    value = ctx.option(option, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"packages.{ctx.package.name}.options.{option}: expected an array of strings")
+    return value
 
 
 RECIPE = Generic()

@@ -56,6 +56,10 @@ class PyTorch(Generic):
         }
         if ctx.option("aotriton_prefix"):
             out["AOTRITON_INSTALLED_PREFIX"] = str(ctx.option("aotriton_prefix"))
+        if ctx.pins:
+            # PyTorch's own switch for extra Requires-Dist lines ("|"-separated), as its release
+            # builds use it for pytorch-triton-rocm: torch names our Triton at exactly its version.
+            out["PYTORCH_EXTRA_INSTALL_REQUIREMENTS"] = "|".join(f"{p}=={v}" for p, v in ctx.pins.items())
         version = ctx.version
         if version:
             label = ctx.package.local_version
