@@ -60,9 +60,12 @@ def write_config(
     return path
 
 
-def nox(config: Path, *sessions: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the real noxfile's sessions against ``config``."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ROCM_ARCH", "MAX_JOBS")}
+def nox(
+    config: Path, *sessions: str, env: dict[str, str] | None = None, unset: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """Run the real noxfile's sessions against ``config`` (``unset``: variables to leave out)."""
+    drop = ("PYTORCH_ROCM_ARCH", "MAX_JOBS", *unset)
+    environ = {k: v for k, v in os.environ.items() if k not in drop}
     environ.update(ROCMFORGE_CONFIG=str(config), COLUMNS="200", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", *sessions],
@@ -326,11 +329,18 @@ def test_prebuilt_wheel_is_published_byte_identical(tmp_path):
 @pytest.mark.slow
 @pytest.mark.network
 def test_real_vllm_sdist_through_the_vllm_session(tmp_path):
-    """vLLM 0.33.0 from its real sdist, VLLM_TARGET_DEVICE=empty, through `nox -s vllm`."""
+    """vLLM 0.33.0 from its real sdist, VLLM_TARGET_DEVICE=empty, through `nox -s vllm`.
+
+    With pip's configuration off (no local wheel directory, no extra index): as on a fresh
+    machine, everything comes from PyPI, and the torch is the example's stand-in.
+    """
     config = tmp_path / "examples" / "vllm-empty.toml"
     config.parent.mkdir()
     shutil.copy(EXAMPLES / "vllm-empty.toml", config)
-    proc = nox(config, "vllm")
+    shutil.copytree(EXAMPLES / "torch-standin", config.parent / "torch-standin")
+    shutil.copytree(EXAMPLES / "patches" / "vllm", config.parent / "patches" / "vllm")  # the link's target
+    clean_pip = {"env": {"PIP_CONFIG_FILE": os.devnull}, "unset": ("PIP_FIND_LINKS", "PIP_INDEX_URL")}
+    proc = nox(config, "vllm", **clean_pip)
     assert proc.returncode == 0, proc.stderr[-3000:]
     house = Wheelhouse(tmp_path / "build" / "vllm-empty" / "wheelhouse")
     (vllm,) = house.find("vllm")
@@ -339,12 +349,20 @@ def test_real_vllm_sdist_through_the_vllm_session(tmp_path):
     assert record["env"]["VLLM_TARGET_DEVICE"] == "empty"
     assert record["source"]["sha256"] == "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
     assert set(record["dependencies"]) == {"torch"}
+    # The README says "our patch applied": the wheel's provenance says which, by sha256.
+    assert record["patches"] == [
+        {
+            "file": "0001-rocm-arch-list-errors.patch",
+            "sha256": "c75ac0c62643253bd2ca1d9e1ac0252dd07ee04b07693e0f5f12487de9db3b77",
+        }
+    ]
     # No build isolation: the build venv holds the wheelhouse's torch, not the one vLLM pins.
     (torch,) = house.find("torch")
     log = (tmp_path / "build" / "vllm-empty" / "logs" / "vllm.log").read_text()
+    assert torch.path.name == "torch-0.0.0+standin-py3-none-any.whl"
     assert torch.path.name in log and "torch==2.14.0" not in log
     start = time.monotonic()
-    again = nox(config, "vllm")
+    again = nox(config, "vllm", **clean_pip)
     print(f"no-op re-run of torch+vllm: {time.monotonic() - start:.1f}s")
     assert again.returncode == 0 and again.stderr.count(": up to date (") == 2
 
