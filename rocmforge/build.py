@@ -554,13 +554,17 @@ def _single_wheel(directory: Path, name: str, log: Path) -> Path:
 
 
 def _published(house: Wheelhouse, state: dict | None) -> Path | None:
-    """The wheel ``state`` records, if it is still in the wheelhouse unchanged."""
+    """The wheel ``state`` records, if the wheelhouse still holds exactly those bytes.
+
+    The wheelhouse's record must name the sha256 this build published (another run may have
+    published another build under the same name since), and the file must hash to it.
+    """
     if not state:
         return None
-    path = house.root / state.get("wheel", "")
-    if not path.is_file() or path.stat().st_size != state.get("size"):
+    entry = house.entry(state.get("wheel", ""))
+    if entry is None or entry.sha256 != state.get("sha256") or not house.verify(entry):
         return None
-    return path
+    return entry.path
 
 
 def _withdraw_stale(house: Wheelhouse, name: str, current: Path | None) -> None:
@@ -582,7 +586,10 @@ def _write_state(work: Path, fingerprint: str, inputs: dict, entry) -> None:
 
 
 def _sha256_of(house: Wheelhouse, wheel: Path) -> str:
-    return next(e.sha256 for e in house.entries() if e.path == wheel)
+    entry = house.entry(wheel.name)
+    if entry is None:  # withdrawn since dependency_wheels found it
+        raise UserError(f"{wheel.name} left the wheelhouse during this build; run the build again")
+    return entry.sha256
 
 
 def _changed(old: Mapping, new: Mapping) -> list[str]:

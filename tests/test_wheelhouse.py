@@ -220,3 +220,47 @@ def test_index_session_without_wheels_fails_and_writes_nothing(tmp_path):
     )
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rocmforge.toml"]
+
+
+def test_index_writers_publish_their_files_in_the_same_switch(tmp_path, wheels, monkeypatch):
+    from rocmforge import wheelhouse
+
+    def projects(entries):
+        return {"projects.txt": "".join(f"{e.project} {file_sha256(e.path)}\n" for e in entries)}
+
+    monkeypatch.setattr(wheelhouse, "INDEX_WRITERS", [*wheelhouse.INDEX_WRITERS, projects])
+    house = Wheelhouse(tmp_path / "wh")
+    house.publish(wheels["alpha-1"])
+    first = (house.root / ".index").resolve()
+    house.publish(wheels["beta"])
+    # One generation is visible; the previous one is gone; every root name points into it.
+    assert (house.root / ".index").resolve() != first and not first.exists()
+    assert (house.root / "projects.txt").read_text() == (
+        f"alpha-pkg {file_sha256(wheels['alpha-1'])}\nbeta {file_sha256(wheels['beta'])}\n"
+    )
+    assert sorted(p.name for p in house.root.iterdir() if not p.name.startswith(".")) == sorted(
+        [
+            wheels["alpha-1"].name,
+            wheels["beta"].name,
+            "constraints.txt",
+            "projects.txt",
+            "simple",
+            "stack.json",
+        ]
+    )
+
+
+def test_a_swapped_wheel_with_its_size_and_mtime_is_not_trusted(tmp_path, wheels, capsys):
+    house = Wheelhouse(tmp_path / "wh")
+    entry = house.publish(wheels["alpha-1"])
+    data = bytearray(entry.path.read_bytes())
+    st = entry.path.stat()
+    data[-30] ^= 0xFF  # same size, other bytes
+    entry.path.write_bytes(bytes(data))
+    os.utime(entry.path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert entry.path.stat().st_size == st.st_size and entry.path.stat().st_mtime_ns == st.st_mtime_ns
+    assert not house.verify(house.find("alpha-pkg")[0])
+    assert "differs from the" in capsys.readouterr().err
+    house.publish(wheels["beta"])  # the damaged wheel is left out of the next generation
+    assert [e.project for e in house.entries()] == ["beta"]
+    assert links(house.simple / "index.html") == ["beta/"]
