@@ -21,8 +21,10 @@ environment instead; ``--gpu-only`` runs just the GPU part.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -40,18 +42,28 @@ from rocmforge import inspect
 from rocmforge.build import uv_binary
 from rocmforge.errors import UserError
 from rocmforge.fsutil import file_sha256
+from rocmforge.wheelfile import wheel_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).with_name("verify_probe.py")
 TINY_MODEL = ROOT / "examples" / "tiny-model"
 TRITON_PROJECTS = frozenset({"triton", "pytorch-triton-rocm", "pytorch-triton", "triton-rocm"})
-SYSTEM_LIB_DIRS = (
+# glibc's default directories (after the cache), multiarch first as Debian/Ubuntu build it.
+DEFAULT_LIB_DIRS = (
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
     "/lib64",
     "/usr/lib64",
     "/lib",
     "/usr/lib",
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
+)
+LD_SO_CACHE = Path("/etc/ld.so.cache")
+# Sonames of CUDA's libraries and of CUDA torch's own (a ROCm torch has libtorch_hip, libc10_hip),
+# also as auditwheel renames vendored copies (libcudart.faf08d9a.so.13): a shared object that
+# needs one, or a package that ships one, is a CUDA build.
+CUDA_LIBRARY = re.compile(
+    r"lib(cudart|cublas|cublasLt|cudnn\w*|nccl|cufft\w*|curand|cusparse\w*|cusolver\w*|nvrtc|nvjpeg"
+    r"|nvToolsExt|nvJitLink|cupti|cuda|cufile\w*|nvshmem\w*|torch_cuda\w*|c10_cuda)([.-][0-9a-f]{8})?\.so"
 )
 IMPORT_TIMEOUT = 600  # a first `import vllm` compiles nothing but can take a minute on a slow disk
 GPU_TIMEOUT = 900
@@ -186,82 +198,240 @@ def provider(soname: str) -> str:
 
 
 def _rocm_lib_dirs(environ) -> list[Path]:
+    """Library directories of the ROCm installs here: named in hints, never searched."""
     roots = [environ[k] for k in ("ROCM_PATH", "HIP_PATH") if environ.get(k)]
     roots += sorted(str(p) for p in Path("/opt").glob("rocm*"))
     return [Path(r) / sub for r in roots for sub in ("lib", "lib64")]
 
 
-def _system_libraries() -> set[str]:
-    """Sonames the dynamic loader's cache knows (``ldconfig -p``)."""
+# What ``ldconfig -p`` calls this machine's word size and architecture, to skip 32-bit entries.
+_CACHE_ARCH = {"x86_64": "x86-64", "aarch64": "AArch64", "ppc64le": "64bit"}
+
+
+def ld_cache(cache: Path = LD_SO_CACHE) -> dict[str, str]:
+    """soname -> library path for this architecture in the dynamic loader's cache
+    (``ldconfig -p -C CACHE``; ROCm's packages register ``/opt/rocm/lib`` there)."""
     ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
     try:
-        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, check=False).stdout
+        out = subprocess.run([ldconfig, "-p", "-C", str(cache)], capture_output=True, text=True).stdout
     except OSError:
-        return set()
-    return {line.split()[0] for line in out.splitlines()[1:] if line.strip()}
+        return {}
+    arch = _CACHE_ARCH.get(platform.machine(), "")
+    found: dict[str, str] = {}
+    for line in out.splitlines()[1:]:
+        m = re.match(r"\s*(\S+) \(([^)]*)\) => (.+)$", line)
+        if m and arch in m[2]:
+            found.setdefault(m[1], m[3])  # the first entry is the one the loader takes
+    return found
+
+
+def _expand(dirs: Iterable[str], origin: Path) -> list[Path]:
+    """RPATH/RUNPATH entries with ``$ORIGIN`` expanded; entries with other tokens are dropped."""
+    out = []
+    for d in dirs:
+        d = d.replace("${ORIGIN}", str(origin)).replace("$ORIGIN", str(origin))
+        if "$" not in d:
+            out.append(Path(d))
+    return out
 
 
 class LibraryResolver:
-    """Finds a ``DT_NEEDED`` soname the way the environment will: inside it, in ROCm, on the system."""
+    """Finds a ``DT_NEEDED`` soname as the dynamic loader (ld.so) does, and nowhere else.
 
-    def __init__(self, env: Environment, environ=None):
+    In the loader's order: the object's ``DT_RPATH`` (only when it has no ``DT_RUNPATH``),
+    ``LD_LIBRARY_PATH``, its ``DT_RUNPATH`` (``$ORIGIN`` expanded), the loader's cache
+    (``/etc/ld.so.cache``), the default directories. A library under ``/opt/rocm*`` that none
+    of these reach is *not* found: the process would fail the same way.
+    """
+
+    def __init__(self, environ=None, cache: Path = LD_SO_CACHE):
         environ = os.environ if environ is None else environ
-        self.in_env: dict[str, str] = {}
-        for site_dir in env.site:
-            for dirpath, _dirs, files in os.walk(site_dir):
-                for f in files:
-                    if ".so" in f:
-                        self.in_env.setdefault(f, os.path.join(dirpath, f))
-        ld_path = [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+        self.ld_library_path = [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+        self.cache = ld_cache(cache)
         self.rocm_dirs = _rocm_lib_dirs(environ)
-        self.system_dirs = [*ld_path, *map(Path, SYSTEM_LIB_DIRS)]
-        self.system_cache = _system_libraries()
 
-    def where(self, soname: str, origin: Path, runpaths: list[str]) -> str | None:
-        """``environment``, ``ROCm``, ``system`` or None when ``soname`` resolves nowhere."""
-        for rp in runpaths:
-            if (Path(rp.replace("$ORIGIN", str(origin)).replace("${ORIGIN}", str(origin))) / soname).exists():
-                return "environment" if str(origin) in rp or "$ORIGIN" in rp else "system"
-        if soname in self.in_env:
-            return "environment"
-        if any((d / soname).exists() for d in self.rocm_dirs):
-            return "ROCm"
-        if soname in self.system_cache or any((d / soname).exists() for d in self.system_dirs):
-            return "system"
-        return None
+    def resolve(self, soname: str, obj: Path, rpath: Iterable[str], runpath: Iterable[str]) -> str | None:
+        """The path the loader would open for ``soname`` needed by ``obj``; None when none."""
+        if "/" in soname:
+            return soname if Path(soname).is_file() else None
+        origin = obj.resolve().parent
+        dirs = [
+            *(() if runpath else _expand(rpath, origin)),
+            *self.ld_library_path,
+            *_expand(runpath, origin),
+        ]
+        for d in dirs:
+            if (d / soname).is_file():
+                return str(d / soname)
+        if soname in self.cache:
+            return self.cache[soname]
+        return next((str(d / soname) for d in map(Path, DEFAULT_LIB_DIRS) if (d / soname).is_file()), None)
+
+    def unreachable(self, soname: str) -> str | None:
+        """A ROCm directory that holds ``soname`` although the loader does not search it."""
+        return next((str(d) for d in self.rocm_dirs if (d / soname).is_file()), None)
 
 
-def library_checks(env: Environment, projects: Iterable[str], environ=None) -> list[Check]:
-    """One check per project: all ``DT_NEEDED`` libraries of its shared objects resolve."""
-    resolver = LibraryResolver(env, environ)
+@functools.lru_cache(maxsize=4096)
+def _dynamic(path: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(NEEDED, RPATH, RUNPATH) of a shared object, read once per run."""
+    info = inspect.elf_dynamic(path)
+    return (info.needed, info.rpath, info.runpath) if info is not None else ((), (), ())
+
+
+def _shared_objects(dist: dict) -> list[Path]:
+    return [Path(so) for so in dist["shared_objects"] if Path(so).is_file()]
+
+
+def _closure(env: Environment, name: str) -> set[str]:
+    """``name`` and every installed distribution it requires, transitively."""
+    seen, todo = set(), [canonicalize_name(name)]
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in env.dists:
+            continue
+        seen.add(current)
+        todo += [canonicalize_name(r.name) for r in _requirements(env.dists[current])]
+    return seen
+
+
+def library_checks(
+    env: Environment, projects: Iterable[str], environ=None, cache: Path = LD_SO_CACHE
+) -> list[Check]:
+    """One check per project: all ``DT_NEEDED`` libraries of its shared objects resolve.
+
+    Besides the loader's search, a soname counts as found when a shared object of that name
+    belongs to the project or to one it requires (torch's ``libc10.so`` for vLLM's ``_C.so``):
+    importing the project loads that one first, and the loader reuses a loaded soname.
+    """
+    resolver = LibraryResolver(environ, cache)
     checks = []
     for project in projects:
         dist = env.dists.get(canonicalize_name(project))
         if dist is None:
             continue
+        loaded_first = {so.name for dep in _closure(env, project) for so in _shared_objects(env.dists[dep])}
         missing: dict[str, list[str]] = {}
-        count = 0
-        for so in dist["shared_objects"]:
-            path = Path(so)
-            if not path.is_file():
-                continue
-            count += 1
-            needed, runpaths = inspect.elf_dependencies(path)
+        objects = _shared_objects(dist)
+        for path in objects:
+            needed, rpath, runpath = _dynamic(str(path))
             for soname in needed:
-                if resolver.where(soname, path.parent, runpaths) is None:
+                if soname not in loaded_first and resolver.resolve(soname, path, rpath, runpath) is None:
                     missing.setdefault(soname, []).append(path.name)
         name = f"libraries: {dist['name']}"
         if missing:
-            parts = [
-                f"{lib} (needed by {', '.join(sorted(set(by))[:3])}) not found; provided by {provider(lib)}"
-                for lib, by in sorted(missing.items())
-            ]
+            parts = []
+            for lib, by in sorted(missing.items()):
+                where = resolver.unreachable(lib)
+                why = (
+                    f"is in {where} but the loader does not search there (add it to /etc/ld.so.conf.d/ "
+                    "and run ldconfig, as ROCm's packages do, or to LD_LIBRARY_PATH)"
+                    if where
+                    else f"not found; provided by {provider(lib)}"
+                )
+                parts.append(f"{lib} (needed by {', '.join(sorted(set(by))[:3])}) {why}")
             checks.append(Check("static", name, "fail", "; ".join(parts)))
         else:
             checks.append(
-                Check("static", name, "ok", f"{count} shared objects, every NEEDED library resolves")
+                Check("static", name, "ok", f"{len(objects)} shared objects, every NEEDED library resolves")
             )
     return checks
+
+
+def origin(dist: dict) -> str:
+    """Where an installed distribution came from, as far as its installer recorded it."""
+    installer = dist.get("installer") or "an unknown installer"
+    direct = dist.get("direct_url")
+    if dist.get("provenance"):
+        source = "a wheel rocmforge built"
+    elif direct and direct.get("url"):
+        source = direct["url"]
+    else:
+        # pip and uv record no index URL: the configured index (PyPI unless set otherwise).
+        source = "a package index (PyPI unless pip/uv were configured otherwise)"
+    return f"installed by {installer} from {source}"
+
+
+def cuda_checks(env: Environment) -> list[Check]:
+    """ROCm environment: a distribution whose shared objects need CUDA libraries is a CUDA build."""
+    checks = []
+    for key in sorted(env.dists):
+        dist = env.dists[key]
+        cuda: dict[str, set[str]] = {}
+        for path in _shared_objects(dist):
+            if CUDA_LIBRARY.match(path.name):
+                cuda.setdefault(path.name, set()).add("shipped in it")
+            for soname in _dynamic(str(path))[0]:
+                if CUDA_LIBRARY.match(soname):
+                    cuda.setdefault(soname, set()).add(f"by {path.name}")
+        if cuda:
+            libs = ", ".join(f"{lib} ({', '.join(sorted(by)[:2])})" for lib, by in sorted(cuda.items()))
+            checks.append(
+                Check(
+                    "static",
+                    f"no CUDA: {dist['name']}",
+                    "fail",
+                    f"{dist['name']} {dist['version']} is a CUDA build: it needs {libs}; {origin(dist)}. "
+                    "Install its ROCm build (from the wheelhouse, or the ROCm index of its project) "
+                    "or uninstall it",
+                )
+            )
+    if not checks:
+        with_so = sum(bool(_shared_objects(d)) for d in env.dists.values())
+        checks.append(
+            Check("static", "no CUDA builds", "ok", f"no shared object of {with_so} packages needs CUDA")
+        )
+    return checks
+
+
+def vllm_platform_checks(env: Environment) -> list[Check]:
+    """ROCm environment: vLLM detects the ROCm platform through amdsmi; without it, it does not."""
+    vllm = env.dists.get("vllm")
+    if vllm is None:
+        return []
+    amdsmi = env.dists.get("amdsmi")
+    if amdsmi is not None:
+        return [Check("static", "vLLM on ROCm", "ok", f"amdsmi {amdsmi['version']} installed")]
+    return [
+        Check(
+            "static",
+            "vLLM on ROCm",
+            "fail",
+            f"vllm {vllm['version']} is installed without amdsmi: vLLM finds AMD GPUs through amdsmi and, "
+            "without it, does not take the ROCm platform (the engine then fails to start); install "
+            "amdsmi matching the ROCm version (pip install /opt/rocm/share/amd_smi, or amdsmi from PyPI)",
+        )
+    ]
+
+
+def installed_coverage_checks(
+    env: Environment, required: tuple[str, ...], skip=frozenset()
+) -> tuple[list[Check], set[str]]:
+    """Per installed distribution with GPU code: every bundle of its shared objects covers
+    ``required``. Also returns the names of the distributions that hold GPU code."""
+    checks, with_gpu_code = [], set()
+    for key in sorted(env.dists):
+        dist = env.dists[key]
+        objects = _shared_objects(dist)
+        if key in skip or not objects:
+            continue
+        report = inspect.inspect_paths(objects, required)
+        with_code = [f for f in report.files if f.bundles]
+        if not with_code:
+            continue
+        with_gpu_code.add(key)
+        name = f"archs: {dist['name']}"
+        if report.missing:
+            gaps = [f"{Path(m.path).name} bundle {m.bundle} lacks {m.arch}" for m in report.missing]
+            more = f" (+{len(gaps) - 5} more)" if len(gaps) > 5 else ""
+            checks.append(Check("static", name, "fail", "; ".join(gaps[:5]) + more))
+        else:
+            archs = " ".join(sorted({a for f in with_code for a in f.archs}))
+            cover = f"; all cover {','.join(required)}" if required else ""
+            checks.append(
+                Check("static", name, "ok", f"{len(with_code)} shared objects with GPU code ({archs}){cover}")
+            )
+    return checks, with_gpu_code
 
 
 def _satisfies(version: str | None, req: Requirement) -> bool:
@@ -453,15 +623,45 @@ def gpu_checks(python: str, archs: tuple[str, ...], model: Path | None, environ=
 # ------------------------------------------------------------------------------ driver
 
 
-def modules_to_import(env: Environment) -> list[str]:
-    """torch, triton and vllm, those installed."""
+def from_wheelhouse(env: Environment, wheels: Iterable[Path] = ()) -> set[str]:
+    """Installed distributions that came from the wheelhouse: built by rocmforge (provenance
+    inside), or the same project and version as one of ``wheels`` (a prebuilt wheel published as is)."""
+    ours = {n for n, d in env.dists.items() if d.get("provenance")}
+    for wheel in wheels:
+        name = wheel_name(wheel)
+        have = env.version(name.project)
+        if have is not None and _same_version(have, name.version):
+            ours.add(name.project)
+    return ours
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def modules_to_import(env: Environment, ours: Iterable[str] = ()) -> list[str]:
+    """torch, triton and vllm, those installed, then every top-level module of ``ours``."""
     wanted = [("torch", "torch"), ("triton", None), ("vllm", "vllm")]
     out = []
     for module, project in wanted:
         present = any(p in env.dists for p in TRITON_PROJECTS) if project is None else project in env.dists
         if present:
             out.append(module)
+    for name in sorted(ours):
+        out += [m for m in env.dists[name].get("modules") or () if m not in out]
     return out
+
+
+def rocm_environment(archs: tuple[str, ...]) -> bool:
+    """Whether the stack being verified is a ROCm one (its archs are gfx targets)."""
+    return bool(archs) and all(a.startswith("gfx") for a in archs)
+
+
+# Checks that run whatever is installed: they alone do not make a verification.
+_ENVIRONMENT_WIDE = frozenset({"pip check", "no CUDA builds"})
 
 
 def run(
@@ -474,26 +674,51 @@ def run(
     gpu: bool = True,
     model: Path | None = TINY_MODEL,
     environ=None,
+    cache: Path = LD_SO_CACHE,
 ) -> list[Check]:
-    """All checks against the environment of ``python`` (and the ``wheels`` it came from)."""
+    """All checks against the environment of ``python`` (and the ``wheels`` it came from).
+
+    Without ``projects``, the libraries of the stack (torch, Triton, vLLM), of everything from
+    the wheelhouse and of every package with GPU code are checked. Nothing checked is a failure.
+    """
     checks: list[Check] = []
     if static:
         env = probe_environment(python)
+        ours = from_wheelhouse(env, wheels)
         if wheels:
             checks += coverage_checks(wheels, archs)
-        names = (
-            projects if projects is not None else [canonicalize_name(w.name.split("-")[0]) for w in wheels]
-        )
-        if not names:  # an existing environment: what rocmforge built, else the usual suspects
-            names = [n for n, d in env.dists.items() if d.get("provenance")] or [
-                n for n in ("torch", "vllm", *TRITON_PROJECTS) if n in env.dists
-            ]
-        checks += library_checks(env, names, environ)
+        # Every installed package's GPU code, whether or not a wheel of it was given.
+        wheel_projects = {wheel_name(w).project for w in wheels} & ours
+        coverage, with_code = installed_coverage_checks(env, archs, skip=wheel_projects)
+        checks += coverage
+        if projects is None:
+            stack = {n for n in ("torch", "vllm", *TRITON_PROJECTS) if n in env.dists}
+            projects = sorted(ours | stack | with_code)
+        checks += library_checks(env, projects, environ, cache)
+        if rocm_environment(archs):
+            checks += cuda_checks(env) + vllm_platform_checks(env)
         checks += version_checks(env, _wheel_hashes(wheels) if wheels else None)
         checks.append(pip_check(python))
-        checks += import_checks(python, modules_to_import(env), environ)
+        checks += import_checks(python, modules_to_import(env, ours), environ)
     if gpu:
         checks += gpu_checks(python, archs, model, environ)
+    if all(c.status == "skip" or c.name in _ENVIRONMENT_WIDE for c in checks):
+        checks.append(
+            Check(
+                "static" if static else "gpu",
+                "anything verified",
+                "fail",
+                f"no check ran against {python}: "
+                + (
+                    "none of torch, triton, vllm or a wheel from the wheelhouse is installed there; give "
+                    "the stack's environment (--python /path/to/venv/bin/python) or run `nox -s verify`, "
+                    "which installs the wheelhouse into a fresh venv"
+                    if static
+                    else "every GPU check was skipped (no GPU, or no torch there); run it on a GPU node "
+                    "in the stack's environment"
+                ),
+            )
+        )
     return checks
 
 

@@ -42,6 +42,7 @@ def dists() -> dict:
             continue
         files = [str(dist.locate_file(f)) for f in dist.files or () if ".so" in f.name]
         provenance = dist.read_text(PROVENANCE)
+        direct_url = dist.read_text("direct_url.json")
         out.append(
             {
                 "name": name,
@@ -49,6 +50,10 @@ def dists() -> dict:
                 "requires": dist.requires or [],
                 "provenance": json.loads(provenance) if provenance else None,
                 "shared_objects": files,
+                # Where it came from, as far as the installer recorded it (PEP 610, PEP 376).
+                "installer": (dist.read_text("INSTALLER") or "").strip() or None,
+                "direct_url": json.loads(direct_url) if direct_url else None,
+                "modules": _top_level_modules(dist),
             }
         )
     return {
@@ -58,6 +63,20 @@ def dists() -> dict:
         ),
         "dists": out,
     }
+
+
+def _top_level_modules(dist) -> list[str]:
+    """The importable top-level names a distribution installs (packages, modules, extensions)."""
+    names = set()
+    for f in dist.files or ():
+        top = f.parts[0]
+        if top.endswith((".dist-info", ".data")) or top in ("..", "__pycache__"):
+            continue
+        if len(f.parts) > 1 and f.name.endswith(".py"):
+            names.add(top)  # a package, regular or namespace
+        elif len(f.parts) == 1 and f.name.endswith((".py", ".so")):
+            names.add(f.name.split(".")[0])  # a module or an extension module
+    return sorted(n for n in names if n.isidentifier())
 
 
 def _emit(name: str, status: str, detail: str) -> None:

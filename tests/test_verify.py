@@ -11,15 +11,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from gpu_objects import hipcc, need
+from gpu_objects import hipcc, need, pypi_wheel
 
-from rocmforge import verify
+from rocmforge import inspect, verify
 from rocmforge.config import load_config
 from rocmforge.fsutil import file_sha256
 from rocmforge.wheelhouse import Wheelhouse
@@ -93,8 +94,10 @@ def wheelhouse(
     vllm_so="gfx90a",
     second_triton=None,
     triton_code="",
+    amdsmi=True,
 ) -> Path:
-    """A published wheelhouse of torch, its Triton and vLLM built against that torch."""
+    """A published wheelhouse of torch, its Triton, vLLM built against that torch, and the
+    amdsmi vLLM needs on ROCm."""
     build = tmp / "build"
     build.mkdir()
     house = Wheelhouse(tmp / "wheelhouse")
@@ -112,6 +115,8 @@ def wheelhouse(
     house.publish(make_wheel(build, "pytorch-triton-rocm", triton, {"triton/__init__.py": triton_code}))
     if second_triton:
         house.publish(make_wheel(build, "triton", second_triton, {"triton/__init__.py": triton_code}))
+    if amdsmi:
+        house.publish(make_wheel(build, "amdsmi", "7.2.0", {"amdsmi/__init__.py": ""}))
     house.publish(
         make_wheel(
             build,
@@ -269,3 +274,174 @@ def test_bad_environment_or_empty_wheelhouse_is_one_line(tmp_path, args, message
     assert res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], res.stderr
+
+
+def installed(tmp: Path, root: Path) -> tuple[str, verify.Environment]:
+    python, _ = verify.fresh_venv(tmp / "venv", root, sys.executable, offline=True)
+    return python, verify.probe_environment(python)
+
+
+def test_vllm_without_amdsmi_fails_statically(tmp_path, objects):
+    checks = verify_house(tmp_path, wheelhouse(tmp_path, objects, amdsmi=False))
+    assert failed(checks) == {"vLLM on ROCm"}
+    assert checks["vLLM on ROCm"].detail.startswith("vllm 0.33.0 is installed without amdsmi")
+    # A CUDA stack has no such requirement.
+    python = str(tmp_path / "venv/bin/python")
+    names = {c.name for c in verify.run(python, archs=("sm_90",), gpu=False)}
+    assert "vLLM on ROCm" not in names
+
+
+def test_libraries_resolve_only_where_the_loader_looks(tmp_path, objects):
+    """libhipblas.so.2 under a ROCm tree counts only once LD_LIBRARY_PATH, the ld.so cache or a
+    RUNPATH reaches it, as for the real loader."""
+    python, env = installed(tmp_path, wheelhouse(tmp_path, objects, vllm_so="blas"))
+    lib = tmp_path / "opt/rocm-7.2.0/lib"
+    lib.mkdir(parents=True)
+    shutil.copy(objects["blas"].parent / "libhipblas.so.2", lib)
+    rocm = {"ROCM_PATH": str(tmp_path / "opt/rocm-7.2.0")}
+    (check,) = verify.library_checks(env, ["vllm"], rocm)
+    assert check.status == "fail"
+    assert check.detail == (
+        f"libhipblas.so.2 (needed by _C.so) is in {lib} but the loader does not search there (add it to "
+        "/etc/ld.so.conf.d/ and run ldconfig, as ROCm's packages do, or to LD_LIBRARY_PATH)"
+    )
+    (check,) = verify.library_checks(env, ["vllm"], {**rocm, "LD_LIBRARY_PATH": f"/nonexistent:{lib}"})
+    assert check.status == "ok", check.detail
+    # A real loader cache, made by ldconfig from a conf naming that directory.
+    (tmp_path / "ld.so.conf").write_text(f"{lib}\n")
+    cache = tmp_path / "ld.so.cache"
+    subprocess.run(["ldconfig", "-X", "-C", str(cache), "-f", str(tmp_path / "ld.so.conf")], check=True)
+    assert verify.ld_cache(cache)["libhipblas.so.2"] == str(lib / "libhipblas.so.2")
+    (check,) = verify.library_checks(env, ["vllm"], rocm, cache)
+    assert check.status == "ok", check.detail
+    # The whole verify, with that cache: the import really loads it only with LD_LIBRARY_PATH, so
+    # the static check is what tells.
+    assert "libraries: vllm" not in failed(
+        {c.name: c for c in verify.run(python, archs=("gfx90a",), gpu=False, environ=rocm, cache=cache)}
+    )
+
+
+def test_runpath_with_origin_is_followed(tmp_path):
+    """A library next to the extension, reached through RUNPATH=$ORIGIN/libs (and RPATH)."""
+    cc = need("cc")
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "dep.c").write_text("int dep(void) { return 1; }\n")
+    (build / "ext.c").write_text("int dep(void);\nint ext(void) { return dep(); }\n")
+    dep = build / "libdep.so.1"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-Wl,-soname,libdep.so.1", str(build / "dep.c"), "-o", str(dep)], check=True
+    )
+    for tags, version in (("--enable-new-dtags", "1.0"), ("--disable-new-dtags", "2.0")):
+        ext = build / f"ext-{version}.so"
+        link = [
+            cc,
+            "-shared",
+            "-fPIC",
+            str(build / "ext.c"),
+            str(dep),
+            "-Wl,-rpath,$ORIGIN/libs",
+            f"-Wl,{tags}",
+        ]
+        subprocess.run([*link, "-o", str(ext)], check=True)
+        info = inspect.elf_dynamic(ext)
+        assert (info.rpath if tags == "--disable-new-dtags" else info.runpath) == ("$ORIGIN/libs",)
+        house = Wheelhouse(tmp_path / f"house-{version}")
+        files = {"ext/__init__.py": "", "ext/_ext.so": ext.read_bytes()}
+        house.publish(make_wheel(build, "ext", version, files, provenance={"package": "ext"}))
+        _, env = installed(tmp_path / version, house.root)
+        (check,) = verify.library_checks(env, ["ext"], {})
+        assert check.status == "fail" and "libdep.so.1 (needed by _ext.so) not found" in check.detail
+        libs = Path(env.dists["ext"]["shared_objects"][0]).parent / "libs"
+        libs.mkdir()
+        shutil.copy(dep, libs)
+        (check,) = verify.library_checks(env, ["ext"], {})
+        assert check.status == "ok", (tags, check.detail)
+
+
+def test_installed_packages_archs_checked_without_the_wheelhouse(tmp_path, objects):
+    """`verify --python ENV` alone: a gfx908-only torch fails when gfx90a is asked."""
+    python, _ = installed(tmp_path, wheelhouse(tmp_path, objects, torch_so="gfx908"))
+    checks = {c.name: c for c in verify.run(python, archs=("gfx90a",), gpu=False)}
+    assert failed(checks) == {"archs: torch"}
+    assert checks["archs: torch"].detail == "libtorch_hip.so bundle 0 lacks gfx90a"
+    assert checks["archs: vllm"].status == "ok"
+    # Built by rocmforge (provenance): imported; amdsmi only once the wheelhouse says it is ours.
+    assert {"import torch", "import vllm"} <= set(checks) and "import amdsmi" not in checks
+    wheels = sorted((tmp_path / "wheelhouse").glob("*.whl"))
+    with_wheels = {c.name: c for c in verify.run(python, archs=("gfx90a",), wheels=wheels, gpu=False)}
+    assert with_wheels["import amdsmi"].status == "ok"
+
+
+def test_nothing_to_verify_is_a_failure(tmp_path):
+    subprocess.run(["uv", "venv", "-q", str(tmp_path / "empty")], check=True)
+    python = str(tmp_path / "empty/bin/python")
+    res = subprocess.run(
+        [sys.executable, "-m", "rocmforge", "verify", "--python", python, "--arch", "gfx90a", "--no-gpu"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.rstrip().endswith("- FAILED")
+    doc = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rocmforge",
+                "verify",
+                "--python",
+                python,
+                "--arch",
+                "gfx90a",
+                "--no-gpu",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout
+    )
+    assert doc["ok"] is False
+    (bad,) = [c for c in doc["checks"] if c["status"] == "fail"]
+    assert bad["name"] == "anything verified"
+    assert "none of torch, triton, vllm or a wheel from the wheelhouse is installed there" in bad["detail"]
+    # The GPU part alone with nothing to run it on (no torch there): failed, not OK.
+    (last,) = verify.run(python, archs=("gfx90a",), static=False, model=None)[-1:]
+    assert (last.name, last.status) == ("anything verified", "fail")
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_cuda_build_in_a_rocm_environment_is_named_with_its_origin(tmp_path, http):
+    """The real torchvision 0.28.0 manylinux wheel from PyPI (NEEDED libcudart.so.13), installed
+    from a local file and from a real index on 127.0.0.1: both fail, saying where each came from."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    wheel = pypi_wheel("torchvision", "0.28.0", f"{tag}-{tag}-manylinux")
+    simple = tmp_path / "www/simple/torchvision"
+    simple.mkdir(parents=True)
+    shutil.copy(wheel, simple)
+    (simple / "index.html").write_text(
+        f'<a href="{wheel.name}#sha256={file_sha256(wheel)}">{wheel.name}</a>\n'
+    )
+    sources = {
+        "file": [str(wheel)],
+        "index": ["--index-url", http.url("simple/"), "torchvision==0.28.0"],
+    }
+    for how, args in sources.items():
+        venv = tmp_path / how
+        subprocess.run(["uv", "venv", "-q", str(venv)], check=True)
+        python = str(venv / "bin/python")
+        subprocess.run(["uv", "pip", "install", "-q", "--no-deps", "--python", python, *args], check=True)
+        checks = {c.name: c for c in verify.run(python, archs=("gfx942",), gpu=False)}
+        bad = checks["no CUDA: torchvision"]
+        assert bad.status == "fail"
+        assert bad.detail.startswith("torchvision 0.28.0 is a CUDA build: it needs libc10_cuda.so (by _C.so")
+        assert "libcudart.so.13 (by _C.so)" in bad.detail and "libcudart.faf08d9a.so.13 (" in bad.detail
+        where = (
+            wheel.as_uri()
+            if how == "file"
+            else "a package index (PyPI unless pip/uv were configured otherwise)"
+        )
+        assert f"; installed by uv from {where}. Install its ROCm build" in bad.detail
