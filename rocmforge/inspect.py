@@ -719,17 +719,6 @@ def elf_dynamic(path: str | os.PathLike[str]) -> ElfDynamic | None:
         )
 
 
-def elf_dependencies(path: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
-    """``DT_NEEDED`` sonames and ``DT_RUNPATH``/``DT_RPATH`` directories of an ELF file.
-
-    Empty lists for a file without a dynamic section (a static binary, a relocatable object).
-    """
-    info = elf_dynamic(path)
-    if info is None:
-        return [], []
-    return list(info.needed), [*info.rpath, *info.runpath]
-
-
 # -------------------------------------------------------------------------- containers
 
 
