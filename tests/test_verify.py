@@ -200,8 +200,10 @@ def test_vllm_built_against_another_torch_and_cli_json(tmp_path, objects):
         {"torch/__init__.py": "# rebuilt\n"},
         provenance={"package": "pytorch", "dropped_requirements": [TRITON_PIN]},
     )
-    house.publish(rebuilt)  # torch rebuilt after vLLM: vLLM's _C.so was built against the old one
+    # The environment was installed, then torch rebuilt: the installed vLLM's _C.so was built
+    # against the old torch (the wheelhouse itself withdraws that vLLM on the rebuild).
     python, _ = verify.fresh_venv(tmp_path / "venv", root, sys.executable, offline=True)
+    house.publish(rebuilt)
     res = subprocess.run(
         [
             sys.executable,
