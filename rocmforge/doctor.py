@@ -29,6 +29,10 @@ RECHECK = "python -m rocmforge doctor"  # what the CLI's verdict tells to run af
 DISK_FAIL_GB, DISK_WARN_GB = 20, 60
 # Libraries every ROCm build links; the math/communication libraries only PyTorch's needs.
 CORE_LIBRARIES = ("amdhip64", "hsa-runtime64")
+# The fix for a GPU device node this user cannot open (the doctor and check-node give it).
+JOIN_FIX = (
+    "sudo usermod -aG video,render $USER, then log in again (containers: --device=/dev/kfd --device=/dev/dri)"
+)
 
 
 @dataclass(frozen=True)
@@ -303,10 +307,7 @@ def _gpus(ctx: _Context) -> list[Check]:
                 else "",
             )
         )
-    join_fix = (
-        "sudo usermod -aG video,render $USER, then log in again "
-        "(containers: --device=/dev/kfd --device=/dev/dri)"
-    )
+    join_fix = JOIN_FIX
     if f.kfd == "absent":
         checks.append(
             Check("/dev/kfd", WARN, "absent (no amdgpu driver, or not passed into the container)", join_fix)
@@ -411,7 +412,7 @@ def require_ok(cfg: Config, facts: HostFacts, packages: list[str] | None) -> lis
     return checks
 
 
-def render(checks: list[Check]) -> None:
+def render(checks: list[Check], title: str = "rocmforge doctor") -> None:
     """Print the checks as a table on the shared console."""
     from rich.markup import escape
     from rich.table import Table
@@ -419,7 +420,7 @@ def render(checks: list[Check]) -> None:
     from rocmforge.console import console
 
     style = {OK: "green", WARN: "yellow", FAIL: "bold red"}
-    table = Table(title="rocmforge doctor", show_lines=False)
+    table = Table(title=title, show_lines=False)
     for column in ("check", "status", "found", "fix"):
         table.add_column(column, overflow="fold")
     for c in checks:

@@ -535,16 +535,23 @@ def probe_access(root: Path | str = "/", environ: Mapping[str, str] | None = Non
     return user, tuple(groups), kfd, dri, tuple(dict.fromkeys(kfd_owners + dri_owners))
 
 
-def _glibcxx_max(path: Path | None) -> str | None:
-    """Newest ``GLIBCXX_3.4.N`` symbol version a libstdc++ provides (read from its bytes)."""
+def newest_symbol_version(path: str | os.PathLike[str] | None, namespace: str) -> str | None:
+    """Newest ``<namespace>_X.Y[.Z]`` symbol version named in a library (read from its bytes):
+    ``GLIBC`` in libc.so.6, ``GLIBCXX`` or ``CXXABI`` in libstdc++.so.6. None when unreadable."""
     if path is None:
         return None
     try:
         data = Path(path).read_bytes()
     except OSError:
         return None
-    found = {m.decode() for m in re.findall(rb"GLIBCXX_(\d+\.\d+(?:\.\d+)?)", data)}
+    pattern = re.escape(namespace).encode() + rb"_(\d+\.\d+(?:\.\d+)?)\b"
+    found = {m.decode() for m in re.findall(pattern, data)}
     return max(found, key=_version_key) if found else None
+
+
+def _glibcxx_max(path: Path | None) -> str | None:
+    """Newest ``GLIBCXX_3.4.N`` symbol version a libstdc++ provides."""
+    return newest_symbol_version(path, "GLIBCXX")
 
 
 def probe_conda(root: Path | str = "/", environ: Mapping[str, str] | None = None):

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -241,3 +242,21 @@ def test_stack_json_and_index_table_state_the_whole_stack(chain):
     assert "What a node needs" in page and f"<td>{hip['version']}</td>" in page
     # pip reads the links of the root page only; the table adds none.
     assert re.findall(r'href="([^"]+)"', page) == ["dependent/", "hipkernel/", "patchme/"]
+
+
+@pytest.mark.slow
+def test_check_node_reads_the_published_stack(chain):
+    """The fixture stack on this machine: Debian's ROCm 5.2.3 is in range and its libamdhip64
+    resolves through ld.so.conf.d; an MI250X paste stands in for the GPU this box lacks."""
+    root = Path(__file__).resolve().parents[1]
+    paste = root / "tests" / "data" / "arch" / "rocminfo_mi250x.txt"
+    argv = ["check-node", "--stack", str(chain / "stack.json"), "--gpus", str(paste), "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmforge", *argv], capture_output=True, text=True, cwd=root
+    )
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["ROCm"]["status"] == "ok" and ">=5.2,<5.3" in checks["ROCm"]["found"]
+    assert checks["library libamdhip64.so.5"]["status"] == "ok"
+    assert checks["GPUs"]["status"] == "ok" and checks["GPUs"]["found"].startswith("gfx90a")
+    failed = {name for name, c in checks.items() if c["status"] == "fail"}
+    assert failed <= {"/dev/kfd"} and proc.returncode == (1 if failed else 0)
