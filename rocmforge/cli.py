@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "checkout": ("rocmforge.sources", "check out the pinned sources (with patches) into third_party/"),
     "patch": ("rocmforge.patches", "turn your edits in third_party/<pkg> into a new patch file"),
     "check-node": ("rocmforge.node", "check a node against the wheelhouse's stack.json before installing"),
+    "pins": ("rocmforge.pins", "print (or --write into a config) the stack a vLLM release pins"),
     "provenance": ("rocmforge.provenance", "print what a wheel (or installed package) was built from"),
     "cache": ("rocmforge.compile_cache", "show or zero the compile cache's statistics"),
     "publish": ("rocmforge.publish", "publish a nightly's wheelhouses as one index per arch set"),

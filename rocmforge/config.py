@@ -609,9 +609,7 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     opt = t.get("opt_level", str, "O3")
     if not _OPT_RE.fullmatch(opt):
         raise UserError(f"{t.key('opt_level')}: {opt!r} must be one of O0, O1, O2, O3, Os, Oz")
-    cache_default = environ.get("ROCMFORGE_CACHE") or os.path.join(
-        environ.get("XDG_CACHE_HOME") or "~/.cache", "rocmforge"
-    )
+    cache_default = default_cache_dir(environ)
     if environ.get("ROCMFORGE_CACHE"):
         notes.append(f"ROCMFORGE_CACHE={environ['ROCMFORGE_CACHE']!r} overrides {t.key('cache_dir')}")
         t.used.add("cache_dir")
@@ -650,6 +648,14 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
             via = "ROCMFORGE_CACHE" if name == "cache_dir" and environ.get("ROCMFORGE_CACHE") else t.key(name)
             raise UserError(f"{via}: {where} is a file, not a directory; point it at a directory")
     return b
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> str:
+    """``build.cache_dir`` when the file does not set it: ``$ROCMFORGE_CACHE``, else
+    ``$XDG_CACHE_HOME/rocmforge`` (``~/.cache/rocmforge``)."""
+    return environ.get("ROCMFORGE_CACHE") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or "~/.cache", "rocmforge"
+    )
 
 
 def _directory(t: _Table, root: Path, name: str, default: str) -> Path:

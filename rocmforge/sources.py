@@ -849,10 +849,11 @@ class _Links(HTMLParser):
             self._href = None
 
 
-def _sdist_url(name: str, version: str, sha256: str, *, what: str) -> tuple[str, str]:
+def sdist_files(name: str, *, what: str) -> list[tuple[str, str, str | None]]:
+    """(file name, URL, sha256 the index lists or None) of every sdist of ``name`` on pip's index."""
     page = f"{pip_index_url().rstrip('/')}/{canonicalize_name(name)}/"
     body, ctype = _http_get(page, what=what, accept="application/vnd.pypi.simple.v1+json, text/html;q=0.1")
-    files: list[tuple[str, str, str | None]] = []  # (filename, url, sha256)
+    files: list[tuple[str, str, str | None]] = []
     if "json" in ctype:
         for f in json.loads(body)["files"]:
             files.append(
@@ -864,21 +865,40 @@ def _sdist_url(name: str, version: str, sha256: str, *, what: str) -> tuple[str,
         for text, href in parser.links:
             url, _, frag = urllib.parse.urljoin(page, href).partition("#")
             files.append((text, url, frag[len("sha256=") :] if frag.startswith("sha256=") else None))
-    for filename, url, listed in files:
-        if not filename.endswith((".tar.gz", ".zip")):
-            continue
+    return [f for f in files if f[0].endswith((".tar.gz", ".zip"))]
+
+
+def find_sdist(name: str, version: str, *, what: str) -> tuple[str, str, str | None] | None:
+    """(file name, URL, listed sha256) of ``name`` ``version``'s sdist on pip's index, or None."""
+    for filename, url, listed in sdist_files(name, what=what):
         try:
             _, ver = parse_sdist_filename(filename)
         except ValueError:
             continue
         if str(ver) == version:
-            if listed and listed != sha256:
-                raise UserError(
-                    f"packages.{what}.source.sha256: the index lists {filename} with sha256 {listed}, "
-                    f"the config says {sha256}; check which one is right"
-                )
-            return url, filename
-    raise UserError(f"packages.{what}.source: no sdist of {name} {version} on {page}; check name and version")
+            return filename, url, listed
+    return None
+
+
+def _sdist_url(name: str, version: str, sha256: str, *, what: str) -> tuple[str, str]:
+    found = find_sdist(name, version, what=what)
+    if found is None:
+        raise UserError(
+            f"packages.{what}.source: no sdist of {name} {version} on {pip_index_url()}; "
+            "check name and version"
+        )
+    filename, url, listed = found
+    if listed and listed != sha256:
+        raise UserError(
+            f"packages.{what}.source.sha256: the index lists {filename} with sha256 {listed}, "
+            f"the config says {sha256}; check which one is right"
+        )
+    return url, filename
+
+
+def fetch_archive(cache: Path, url: str, filename: str, sha256: str, *, what: str) -> Path:
+    """The archive at ``url`` in the cache (``<cache>/archives/<sha256>/``), checked against ``sha256``."""
+    return _fetch_archive(cache, url, filename, sha256, offline=False, bundle=None, what=what)
 
 
 def _http_get(url: str, *, what: str, accept: str = "*/*") -> tuple[bytes, str]:
