@@ -253,9 +253,9 @@ def prepare(
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     from_deps = sorted({n for dep in dependency_wheels for n in _library_names(dep)})
-    audit: dict = {"repaired": False, "reason": "pure Python: no shared object, no platform tag"}
+    audit: dict = {"repaired": False, "reason": "no shared object inside: nothing for auditwheel to check"}
     if not _has_host_elf(wheel):
-        pass
+        pass  # py3-none-any, or a platform tag the build chose (vLLM's empty target): kept
     elif repair_tags:
         wheel, audit = repair(wheel, work / "repaired", [*PROVIDED.get(backend, ()), *from_deps])
     else:

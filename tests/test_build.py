@@ -349,6 +349,11 @@ def test_real_vllm_sdist_through_the_vllm_session(tmp_path):
     assert record["env"]["VLLM_TARGET_DEVICE"] == "empty"
     assert record["source"]["sha256"] == "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
     assert set(record["dependencies"]) == {"torch"}
+    # Its contract: no shared object (the empty target), so no ROCm need; stack.json lists it.
+    assert record["contract"]["node_libraries"] == [] and record["contract"]["rocm"] is None
+    assert "no shared object" in record["contract"]["auditwheel"]["reason"]
+    stack = json.loads((house.root / "stack.json").read_text())
+    assert [w["contract"] for w in stack["wheels"] if w["project"] == "vllm"] == [record["contract"]]
     # The README says "our patch applied": the wheel's provenance says which, by sha256.
     assert record["patches"] == [
         {
