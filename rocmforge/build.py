@@ -132,7 +132,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         key: value
         for key, value in {
             **shaping,
-            **buildenv.build_environment(cfg, name, facts, base_env=shaping, ctx=ctx),
+            **buildenv.build_environment(cfg, name, facts, base_env=shaping, ctx=ctx, cache=False),
         }.items()
         if not compile_cache.is_cache_variable(key)
     }
@@ -180,7 +180,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     _make_venv(cfg, venv, requirements, list(deps.values()), house, log, label=f"{name}: build venv")
     env = {**os.environ, **buildenv.build_environment(cfg, name, facts, base_env=dict(os.environ), ctx=ctx)}
     retries: list[str] = []
-    compile_cache.zero_stats(cfg, env)
+    env = compile_cache.begin(cfg, env, work / "compile-cache.log")
     while True:
         failed = _run_steps(name, recipe, ctx, project_dir, env, log)
         if failed is None:
@@ -196,7 +196,8 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         console.print(f"{name}: retrying once: {note}")
         for stale in [dist, *recipe.stale_paths(ctx)]:
             _remove(stale)
-    if cache_line := compile_cache.stats_line(cfg, env):
+    cache_stats, cache_line = compile_cache.finish(cfg, env)
+    if cache_line:
         console.print(f"{name}: {cache_line}", markup=False)
 
     built = _single_wheel(dist, name, log)
@@ -214,6 +215,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         },
         "patches": [{"file": f, "sha256": s} for f, s in checkout.patches],
         "retries": retries,
+        "compile_cache": cache_stats.to_record() if cache_stats else None,
         "dependencies": inputs["dependencies"],
         **_common_record(cfg, facts, own_env, fingerprint, pkg),
     }

@@ -107,6 +107,7 @@ def build_environment(
     *,
     base_env: Mapping[str, str] | None = None,
     ctx: recipes.Context | None = None,
+    cache: bool = True,
 ) -> dict[str, str]:
     """The variables rocmforge sets for ``package_name``'s build (pure: no os.environ access).
 
@@ -114,15 +115,19 @@ def build_environment(
     ``facts``); PATH-like variables extend it. With the recipe context ``ctx`` (what the build
     passes, and ``env PKG``) the recipe's variables follow (``VLLM_TARGET_DEVICE``, ...) and the
     build venv comes first on PATH: everything the build gets. The package's ``env`` table is
-    merged last, so a package can override anything.
+    merged last, so a package can override anything. ``cache=False`` leaves the compile
+    cache out (``CC``/``CXX`` name the real compilers): what a build's fingerprint and provenance
+    record.
     """
     package = cfg.package(package_name)
     base = dict(facts.environ if base_env is None else base_env)
     backend = cfg.build.backend
     env: dict[str, str] = {}
+    rocm_root = None
     path, ld_path, prefix = base.get("PATH"), base.get("LD_LIBRARY_PATH"), base.get("CMAKE_PREFIX_PATH")
     if backend == "rocm":
         rocm = rocm_for_build(cfg, facts)
+        rocm_root = rocm.root
         env.update(ROCM_PATH=rocm.root, ROCM_HOME=rocm.root, HIP_PATH=rocm.root)
         # hipcc picks the NVIDIA platform when it sees nvcc on PATH; a ROCm build never wants that.
         env["HIP_PLATFORM"] = "amd"
@@ -155,7 +160,9 @@ def build_environment(
         env["CXX"] = cxx
     env["CFLAGS"] = _flags(base.get("CFLAGS"), cfg.build.opt_level)
     env["CXXFLAGS"] = _flags(base.get("CXXFLAGS"), cfg.build.opt_level)
-    env.update(compile_cache.launcher_env(cfg, facts))
+    if cache:
+        compilers = {"CC": cc, "CXX": cxx}
+        env.update(compile_cache.launcher_env(cfg, facts, compilers=compilers, rocm_root=rocm_root))
     if ctx is not None:
         env.update(recipes.get(package.recipe).environment(ctx, {**base, **env}))
         # The venv's tools (cmake, ninja from the build requirements) run before the host's.
@@ -192,6 +199,7 @@ def main(args: argparse.Namespace) -> int:
     facts = host.gather(build_dir=cfg.build.work_dir)
     ctx = planned_context(cfg, args.package)
     env = build_environment(cfg, args.package, facts, base_env=os.environ, ctx=ctx)
+    compile_cache.install_wrappers(cfg, {**os.environ, **env})  # so that the variables work by hand
     if args.json:
         print(json.dumps(env, indent=2))
     elif args.shell:

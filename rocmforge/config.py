@@ -157,7 +157,7 @@ class CacheStore:
     bucket: str | None = None  # s3, gcs
     region: str | None = None  # s3
     prefix: str = "rocmforge"  # key prefix, so several projects can share one store
-    hip: bool = True  # also cache HIP compiles (CMAKE_HIP_COMPILER_LAUNCHER, HIP_CLANG_LAUNCHER)
+    hip: bool = True  # also cache HIP compiles (hipcc's clang via HIP_CLANG_PATH, CMake's HIP)
 
 
 @dataclass(frozen=True)

