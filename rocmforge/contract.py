@@ -189,10 +189,28 @@ def repair(wheel: Path, out_dir: Path, excludes: list[str]) -> tuple[Path, dict]
         lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
         reason = next((ln for ln in reversed(lines) if "Error" in ln or "cannot" in ln.lower()), None)
         reason = reason or (lines[-1] if lines else f"exit {proc.returncode}")
-        return wheel, {"repaired": False, "by": label, "reason": reason.removeprefix("ValueError: ")}
+        return wheel, {
+            "repaired": False,
+            "by": label,
+            "reason": reason.removeprefix("ValueError: "),
+            "show": _show(wheel),
+        }
     before = _library_names(wheel)
     vendored = sorted(_library_names(repaired[0]) - before)
     return repaired[0], {"repaired": True, "by": label, "excluded": excludes, "vendored": vendored}
+
+
+def _show(wheel: Path) -> dict | None:
+    """``auditwheel show --json``'s policy for a wheel it could not repair: the tag its symbol
+    versions alone would allow and the libraries it could not locate (None if show fails)."""
+    argv = [sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_tool_env())
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        return None
+    missing = sorted(k for k, v in (data.get("external_libs") or {}).items() if v is None)
+    return {"overall_tag": data.get("overall_tag"), "sym_tag": data.get("sym_tag"), "not_found": missing}
 
 
 def _extract_elf(wheel: Path, dest: Path) -> dict[str, Path]:

@@ -181,6 +181,9 @@ def test_a_wheel_auditwheel_cannot_repair_keeps_linux_and_says_why(tmp_path):
     assert prepared.wheel == wheel and c["platform"] == ["linux_x86_64"]
     assert c["auditwheel"]["repaired"] is False
     assert "libvanished.so.1" in c["auditwheel"]["reason"]
+    # auditwheel show's policy: what the symbol versions alone allow, and what it could not find.
+    assert c["auditwheel"]["show"]["not_found"] == ["libvanished.so.1"]
+    assert c["auditwheel"]["show"]["sym_tag"].startswith("manylinux_")
     assert "libvanished.so.1" in c["system_libraries"] and c["node_libraries"] == []
 
 
