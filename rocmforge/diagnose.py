@@ -1,32 +1,40 @@
 """``python -m rocmforge diagnose LOG``: the cause of a failed build or run, and the fix.
 
-A failed PyTorch build log runs to tens of thousands of lines: parallel jobs interleave, tools
-colour their output, progress bars redraw one line with ``\\r``, and the first real error is
-followed by a cascade of consequences (``ninja: build stopped``, ``make: *** Error 1``,
-``Failed building wheel``). This module reads the log once, as a stream, and:
+A failed PyTorch build log runs to tens of thousands of lines (hundreds of MB with verbose
+compile commands): parallel jobs interleave, tools colour their output, progress bars redraw one
+line with ``\\r``, and the first real error is followed by a cascade of consequences (``ninja:
+build stopped``, ``make: *** Error 1``, ``Failed building wheel``). This module reads the log
+once, in blocks, and:
 
-1. cleans each line (ANSI colours removed, ``\\r`` redraws reduced to what the terminal showed)
-   while keeping the file's own line numbers, so ``sed -n 1234p LOG`` shows the evidence;
-2. matches *signals*: patterns for one phenomenon each (a compiler killed by the kernel, a
+1. finds the lines worth reading: every rule declares literal *needles*, and all of them are
+   searched for at once (Aho-Corasick) in each lower-cased block; only those lines are decoded
+   and cleaned (ANSI colours removed, ``\\r`` redraws reduced to what the terminal showed),
+   keeping the file's own line numbers, so ``sed -n 1234p LOG`` shows the evidence;
+2. finds the *first fatal error* and its family (compiler, linker, loader, CMake, Python
+   import, Python, HIP runtime, out of memory, network), independently of any cause;
+3. matches *signals*: patterns for one phenomenon each (a compiler killed by the kernel, a
    linker that cannot find ``-lX``, a CMake package that is not found), each voting for one
    category with a weight and capturing what it names (the library, the arch, the program);
-3. collects *facts* about the whole log (compilers and versions, ROCm version, the torch
+4. collects *facts* about the whole log (compilers and versions, ROCm version, the torch
    version, whether pip built in an isolated environment, ``MAX_JOBS``);
-4. weighs the votes, then lets the facts change the reading where a ROCm engineer would
-   (``CUDA_HOME is not set`` inside pip's isolated environment with a non-ROCm torch means
-   the isolation pulled the wrong torch, not that the project needs CUDA);
-5. writes a hint from what the log names, pointing at the lines.
+5. weighs the votes (with the first fatal error's line and family), then lets the facts change
+   the reading where a ROCm engineer would (``CUDA_HOME is not set`` inside pip's isolated
+   environment with a non-ROCm torch means the isolation pulled the wrong torch, not that the
+   project needs CUDA), and names a second cause when the log shows one on other lines;
+6. writes a hint from what the log names, pointing at the lines; for an ``unknown`` log, the
+   first fatal error and the next step for its family.
 
-Follow-up lines are recognised as such and never chosen as evidence. The categories and what
-each means are defined in ``docs/diagnose.md``; ``retry_plan`` turns the two mechanical ones
-into a changed build environment when the user enabled that in ``build.retry``.
+The rules (signals, fatal-error shapes, facts, follow-ups, categories and families) are data, in
+``diagnose_rules.toml`` next to this file; the categories and what each means are defined in
+``docs/diagnose.md``. ``retry_plan`` turns the two mechanical categories into a changed build
+environment when the user enabled that in ``build.retry``.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import io
+import functools
 import json
 import math
 import os
@@ -36,7 +44,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import ahocorasick_rs
 
 from rocmforge.errors import UserError
 
@@ -66,20 +76,66 @@ class Evidence:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
-    """What failed (one of ``CATEGORIES``), what to do about it, and the lines that show it."""
+class FirstError:
+    """The first line of the log that reports a fatal error, and the kind of tool it came from."""
+
+    line: int
+    text: str
+    family: str  # one of RULES.family_names: compiler, linker, loader, cmake, ...
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A cause other than the main one that the log also shows, with its own lines."""
 
     category: str
     hint: str
     evidence: tuple[Evidence, ...] = ()
 
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What failed (one of ``CATEGORIES``), what to do about it, and the lines that show it.
+
+    ``first_error`` is the log's first fatal error and its family, found independently of the
+    cause (it is there for ``unknown`` too); ``secondary`` is a second cause the log shows as
+    well, when there is one.
+    """
+
+    category: str
+    hint: str
+    evidence: tuple[Evidence, ...] = ()
+    first_error: FirstError | None = None
+    secondary: Cause | None = None
+
     def to_json(self) -> dict[str, Any]:
-        """The stable JSON form: ``{"category", "hint", "evidence": [{"line", "text"}]}``."""
+        """The stable JSON form (fields are only ever added)::
+
+        {"category", "hint", "evidence": [{"line", "text"}],
+         "first_error": {"line", "text", "family"} or null,
+         "secondary": {"category", "hint", "evidence"} or null}
+        """
+        first = self.first_error
+        second = self.secondary
         return {
             "category": self.category,
             "hint": self.hint,
-            "evidence": [{"line": e.line, "text": e.text} for e in self.evidence],
+            "evidence": _evidence_json(self.evidence),
+            "first_error": None
+            if first is None
+            else {"line": first.line, "text": first.text, "family": first.family},
+            "secondary": None
+            if second is None
+            else {
+                "category": second.category,
+                "hint": second.hint,
+                "evidence": _evidence_json(second.evidence),
+            },
         }
+
+
+def _evidence_json(evidence: tuple[Evidence, ...]) -> list[dict[str, Any]]:
+    return [{"line": e.line, "text": e.text} for e in evidence]
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -94,22 +150,13 @@ _PREFIX = re.compile(
 
 
 def iter_lines(stream: Iterable[bytes | str]) -> Iterator[tuple[int, str]]:
-    """``(line number, cleaned text)`` for each line of a log, read as a stream.
+    """``(line number, cleaned text)`` for each line of a log (see :func:`clean`).
 
-    Colours are removed; a line that a progress bar redrew with ``\\r`` becomes what the
-    terminal last showed (the text after the last ``\\r``). Numbers count ``\\n`` lines of
-    the file, so they match ``sed``/editors even when the file has progress redraws.
+    Numbers count ``\\n`` lines of the file, so they match ``sed``/editors even when the file
+    has progress redraws.
     """
     for number, raw in enumerate(stream, 1):
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        text = text.rstrip("\n")
-        if text.endswith("\r"):
-            text = text[:-1]
-        if "\r" in text:
-            text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
-        if "\x1b" in text:
-            text = _ANSI.sub("", text)
-        yield number, text[:_MAX_LINE]
+        yield number, clean(raw)
 
 
 def body(line: str) -> str:
@@ -141,21 +188,37 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class LineRule:
+    """A shape of line that is not a cause by itself: a fatal error of some family, or a fact."""
+
+    name: str
+    needles: tuple[str, ...]
+    pattern: re.Pattern[str]
+    unless: re.Pattern[str] | None
+    family: str  # for a fact: ""
+    example: str
+
+
+@dataclass(frozen=True)
 class Rules:
     """The contents of ``diagnose_rules.toml``, validated and compiled."""
 
     categories: tuple[str, ...]  # the causes, then "unknown"
     family_names: tuple[str, ...]
+    next_steps: Mapping[str, str]  # family -> the generic next step ({line} is filled in)
     retryable: tuple[str, ...]
     families: Mapping[str, str]  # category -> the kind of tool whose failure usually shows it
     signals: tuple[Signal, ...]
     follow_up_needles: tuple[str, ...]
     follow_up: re.Pattern[str]
     follow_up_examples: tuple[str, ...]
+    fatal: tuple[LineRule, ...]
+    facts: tuple[LineRule, ...]
 
 
 _MACRO = re.compile(r"<<(\w+)>>")
 _SIGNAL_KEYS = {"name", "category", "weight", "needles", "pattern", "unless", "family", "example"}
+_LINE_RULE_KEYS = {"name", "family", "needles", "pattern", "unless", "example"}
 
 
 def load_rules(path: Path = RULES_FILE) -> Rules:
@@ -164,6 +227,7 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
         data = tomllib.load(f)
     categories = data["categories"]
     family_names = tuple(data["families"])
+    next_steps = {f: spec["next_step"] for f, spec in data["families"].items()}
     macros = data.get("macros", {})
     for c, spec in categories.items():
         if spec.get("family") not in family_names:
@@ -202,16 +266,44 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
         )
     if len({s.name for s in signals}) != len(signals):
         raise ValueError(f"{path}: two signals share a name")
+
+    def line_rules(kind: str, with_family: bool) -> tuple[LineRule, ...]:
+        out = []
+        for spec in data[kind]:
+            name = spec.get("name", "?")
+            required = {"name", "needles", "pattern", "example"} | ({"family"} if with_family else set())
+            allowed = _LINE_RULE_KEYS if with_family else _LINE_RULE_KEYS - {"family"}
+            if set(spec) - allowed or not required <= set(spec):
+                raise ValueError(f"{path}: {kind} {name}: keys {sorted(spec)}; allowed {sorted(allowed)}")
+            if with_family and spec["family"] not in family_names:
+                raise ValueError(f"{path}: {kind} {name}: family {spec['family']!r} not in {family_names}")
+            if any(n != n.lower() for n in spec["needles"]) or not spec["needles"]:
+                raise ValueError(f"{path}: {kind} {name}: needles must be lower-case, at least one")
+            out.append(
+                LineRule(
+                    name,
+                    tuple(spec["needles"]),
+                    compile_(spec["pattern"], f"{kind} {name}"),
+                    compile_(spec["unless"], f"{kind} {name}") if "unless" in spec else None,
+                    spec.get("family", ""),
+                    spec["example"],
+                )
+            )
+        return tuple(out)
+
     follow = data["follow_up"]
     return Rules(
         categories=(*categories, "unknown"),
         family_names=family_names,
+        next_steps=MappingProxyType(next_steps),
         retryable=tuple(c for c, spec in categories.items() if spec.get("retryable")),
         families=MappingProxyType({c: spec["family"] for c, spec in categories.items()}),
         signals=tuple(signals),
         follow_up_needles=tuple(follow["needles"]),
         follow_up=compile_("|".join(follow["patterns"]), "follow_up"),
         follow_up_examples=tuple(follow.get("examples", ())),
+        fatal=line_rules("fatal", True),
+        facts=line_rules("fact", False),
     )
 
 
@@ -223,73 +315,40 @@ SIGNALS = RULES.signals
 _FOLLOW_UP_NEEDLES = RULES.follow_up_needles
 _FOLLOW_UP = RULES.follow_up
 
-# A line that reports some error; used to point at something when no signal matched.
-_ERROR_NEEDLES = ("error", "failed", "fatal", "traceback", "exception")
-_ANY_ERROR = re.compile(r"\b(?:error|ERROR|Error|FAILED|fatal|Traceback|Exception)\b|\w+Error: ")
-
-
-@dataclass(frozen=True)
-class _Fact:
-    """Something true of the whole log (a ROCm build, pip's isolated env) once one line shows it."""
-
-    name: str
-    needles: tuple[str, ...]
-    pattern: re.Pattern[str]
-
-
-_FACTS = (
-    _Fact(
-        "isolated",
-        ("pip-build-env-", "build dependencies", "get_requires_for_build_wheel", "uv/builds-v"),
-        re.compile(
-            r"/pip-build-env-|Installing build dependencies|get_requires_for_build_wheel|"
-            r"pip subprocess to install build dependencies|\.cache/uv/builds-v"
-        ),
-    ),
-    _Fact(
-        "rocm",
-        ("hip", "rocm", "gfx", "amdgcn"),
-        re.compile(
-            r"hipcc|/opt/rocm|\bgfx\d{3,4}|torch_hip|\+rocm\d|HIP VERSION|amdgcn|ROCM_HOME|--variant rocm|"
-            r"hip_runtime|\.hip\b|HIP_PLATFORM|rocm-\d|ROCm \d"
-        ),
-    ),
-    _Fact(
-        "runtime",
-        ("traceback", ">>> ", "runtimeerror: ", "import torch"),
-        re.compile(r"Traceback \(most recent call last\)|^>>> |RuntimeError: |import torch"),
-    ),
-    _Fact(
-        "cuda_torch",
-        ("+cu", "torch.version.hip", "none"),
-        re.compile(r"torch\S*\+cu\d+|torch\.version\.hip (?:is )?None|^\s*None\s+\d+\.\d+\s*$"),
-    ),
-)
+# What the facts and hints read off the log besides signals: the compilers and their versions,
+# the ROCm and torch versions, MAX_JOBS, the gfx targets. Each is looked for until it is found
+# (the archs: until 16 are found or 64 lines named some), so after the first few lines of a
+# log none of them costs anything.
 _COMPILER_ID = re.compile(
     r"The (?:C|CXX|HIP) compiler identification is (?P<name>GNU|Clang|AppleClang) (?P<version>[\d.]+)|"
     r"^(?P<name2>gcc|g\+\+|cc|c\+\+)(?:-\d+)? \([^)]*\) (?P<version2>\d+\.\d+\.\d+)|"
     r"(?P<name3>AMD clang|clang) version (?P<version3>\d+[\d.]*)|"
     r"GCC version: \([^)]*\) (?P<version4>[\d.]+)|C\+\+ compiler version\s*:\s*(?P<version5>[\d.]+)"
 )
+_COMPILER_NEEDLES = (
+    "compiler identification", "gcc (", "g++ (", "cc (", "c++ (", "gcc-", "g++-", "clang version",
+    "gcc version:", "c++ compiler version",
+)  # fmt: skip
 _ROCM_VERSION = re.compile(
     r"/opt/rocm-(?P<v>\d+\.\d+(?:\.\d+)?)|\+rocm(?P<v2>\d+\.\d+(?:\.\d+)?)|HIP VERSION: (?P<v3>\d+\.\d+)|"
     r"ROCM_VERSION_DEV: (?P<v4>[\d.]+)|ROCm (?:Version )?(?P<v5>\d+\.\d+(?:\.\d+)?)"
 )
+_ROCM_NEEDLES = ("/opt/rocm-", "+rocm", "hip version:", "rocm_version_dev:", "rocm ")
 _TORCH_VERSION = re.compile(
     r"torch(?:==|\.__version__\s*=\s*|-)(?P<v>\d+\.\d+(?:\.\d+)?(?:[\w.]*\+[\w.]+|\.dev\w+|a0\+\w+)?)"
 )
+_TORCH_NEEDLES = ("torch==", "torch.__version__", "torch-")
 _JOBS = re.compile(
     r"MAX_JOBS=(?P<n>\d+)|cmake --build .* (?:-j|--parallel)\s*(?P<n2>\d+)|\bninja .*-j\s*(?P<n3>\d+)"
 )
+_JOBS_NEEDLES = ("max_jobs=", "cmake --build", "ninja ")
 _ARCH = re.compile(r"\bgfx(?:\d{3,4}|9[0-4][0-9a-c]|90[ac])[a-z0-9]*\b")
+_ARCH_LINES = 64  # lines naming a gfx target that are read for the list of targets
 
-# needle -> the signals it lets through; every line is first checked for these substrings,
-# which keeps 50,000-line logs fast (most lines are "[123/5000] Building CXX object ...").
-_BY_NEEDLE: dict[str, list[Signal]] = {}
-for _s in SIGNALS:
-    for _n in _s.needles:
-        _BY_NEEDLE.setdefault(_n, []).append(_s)
-_NEEDLES = tuple(_BY_NEEDLE)
+
+def _search(text: str, low: str, needles: tuple[str, ...], pattern: re.Pattern[str]) -> re.Match[str] | None:
+    """``pattern.search(text)`` when one of ``needles`` is in the lower-cased line, else None."""
+    return pattern.search(text) if any(n in low for n in needles) else None
 
 
 @dataclass
@@ -302,7 +361,7 @@ class _Hit:
 
 @dataclass
 class _Reading:
-    """What one pass over a log found: signal hits and whole-log facts."""
+    """What one pass over a log found: signal hits, the first fatal error and whole-log facts."""
 
     hits: dict[str, list[_Hit]] = field(default_factory=dict)  # signal name -> first hits
     counts: dict[str, int] = field(default_factory=dict)  # signal name -> all hits
@@ -312,7 +371,8 @@ class _Reading:
     torch_version: str | None = None
     jobs: str | None = None
     archs: list[str] = field(default_factory=list)
-    first_error: tuple[int, str] | None = None
+    arch_lines: int = 0
+    first_error: FirstError | None = None
     first_follow_up: tuple[int, str] | None = None
     lines: int = 0
 
@@ -323,65 +383,168 @@ class _Reading:
             details = {k.rstrip("2"): v for k, v in m.groupdict().items() if v}
             hits.append(_Hit(sig, number, text, details))
 
+    def wanted(self) -> frozenset[str]:
+        """The needles of what is still being looked for (facts and details not yet found)."""
+        out = {n for fact in RULES.facts if fact.name not in self.facts for n in fact.needles}
+        if len(self.compilers) < 2:
+            out.update(_COMPILER_NEEDLES)
+        if self.rocm_version is None:
+            out.update(_ROCM_NEEDLES)
+        if self.torch_version is None:
+            out.update(_TORCH_NEEDLES)
+        if self.jobs is None:
+            out.update(_JOBS_NEEDLES)
+        if len(self.archs) < 16 and self.arch_lines < _ARCH_LINES:
+            out.add("gfx")
+        return frozenset(out)
+
     def note_facts(self, text: str, low: str) -> None:
         """Record what this line says about the whole log; each check runs until it succeeds."""
-        for fact in _FACTS:
+        for fact in RULES.facts:
             if (
                 fact.name not in self.facts
                 and any(n in low for n in fact.needles)
                 and fact.pattern.search(text)
             ):
                 self.facts.add(fact.name)
-        wants_compiler = len(self.compilers) < 2 and ("compiler" in low or "version" in low or ") " in low)
-        if wants_compiler and (m := _COMPILER_ID.search(text)) is not None:
+        if len(self.compilers) < 2 and (m := _search(text, low, _COMPILER_NEEDLES, _COMPILER_ID)):
             name = m.group("name") or m.group("name2") or m.group("name3") or "GNU"
             version = next(v for k, v in m.groupdict().items() if k.startswith("version") and v)
             self.compilers.setdefault("clang" if "lang" in name else "gcc", version)
-        wants_rocm = self.rocm_version is None and ("rocm" in low or "hip version" in low)
-        if wants_rocm and (m := _ROCM_VERSION.search(text)) is not None:
+        if self.rocm_version is None and (m := _search(text, low, _ROCM_NEEDLES, _ROCM_VERSION)):
             self.rocm_version = next(v for v in m.groups() if v)
-        if self.torch_version is None and "torch" in low and (m := _TORCH_VERSION.search(text)) is not None:
+        if self.torch_version is None and (m := _search(text, low, _TORCH_NEEDLES, _TORCH_VERSION)):
             self.torch_version = m.group("v")
-        wants_jobs = "max_jobs=" in low or "-j" in low or "--parallel" in low
-        if wants_jobs and (m := _JOBS.search(text)) is not None:
+        if self.jobs is None and (m := _search(text, low, _JOBS_NEEDLES, _JOBS)):
             self.jobs = next(v for v in m.groups() if v)
-        if "gfx" in low and len(self.archs) < 16:
+        if "gfx" in low and len(self.archs) < 16 and self.arch_lines < _ARCH_LINES:
+            self.arch_lines += 1
             for arch in _ARCH.findall(text):
                 if arch not in self.archs:
                     self.archs.append(arch)
 
-
-def read_log(lines: Iterable[tuple[int, str]]) -> _Reading:
-    """One pass over numbered, cleaned lines: every signal hit and the whole-log facts."""
-    reading = _Reading()
-    for number, text in lines:
-        reading.lines = number
+    def read_line(self, number: int, text: str) -> None:
+        """Everything one (cleaned) line says: facts, follow-up, first fatal error, signals."""
         low = text.lower()
-        reading.note_facts(text, low)
-        present = [n for n in _NEEDLES if n in low]
+        self.note_facts(text, low)
+        core = None
         if any(n in low for n in _FOLLOW_UP_NEEDLES):
             core = body(text)
             if _FOLLOW_UP.search(core):
-                if reading.first_follow_up is None:
-                    reading.first_follow_up = (number, text)
-                continue
-        if not present and not any(n in low for n in _ERROR_NEEDLES):
-            continue
-        core = body(text)
-        matched = False
+                if self.first_follow_up is None:
+                    self.first_follow_up = (number, text)
+                return
+        if self.first_error is None:
+            for rule in RULES.fatal:
+                if any(n in low for n in rule.needles):
+                    core = body(text) if core is None else core
+                    if rule.pattern.search(core) and not (rule.unless and rule.unless.search(core)):
+                        self.first_error = FirstError(number, text, rule.family)
+                        break
         tried: set[str] = set()
-        for needle in present:
+        for needle in _NEEDLES:
+            if needle not in low:
+                continue
+            core = body(text) if core is None else core
             for sig in _BY_NEEDLE[needle]:
                 if sig.name in tried:
                     continue
                 tried.add(sig.name)
                 m = sig.pattern.search(core)
                 if m is not None and not (sig.unless and sig.unless.search(core)):
-                    reading.add_hit(sig, number, text, m)
-                    matched = True
-        if not matched and reading.first_error is None and _ANY_ERROR.search(core):
-            reading.first_error = (number, text)
+                    self.add_hit(sig, number, text, m)
+
+
+# needle -> the signals it lets through.
+_BY_NEEDLE: dict[str, list[Signal]] = {}
+for _s in SIGNALS:
+    for _n in _s.needles:
+        _BY_NEEDLE.setdefault(_n, []).append(_s)
+_NEEDLES = tuple(_BY_NEEDLE)
+# Needles that make a line worth reading whatever has been found so far.
+_ALWAYS = frozenset((*_NEEDLES, *_FOLLOW_UP_NEEDLES, *(n for rule in RULES.fatal for n in rule.needles)))
+
+
+@functools.lru_cache(maxsize=64)
+def _automaton(wanted: frozenset[str]) -> ahocorasick_rs.BytesAhoCorasick:
+    """One automaton for every needle still of use: candidate lines are found in one pass."""
+    needles = sorted(_ALWAYS | wanted)
+    return ahocorasick_rs.BytesAhoCorasick(
+        [n.encode() for n in needles], implementation=ahocorasick_rs.Implementation.DFA
+    )
+
+
+_CHUNK = 1 << 23  # bytes read at once: memory stays flat whatever the log's size
+_ANSI_BYTES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def clean(raw: bytes | str) -> str:
+    """One log line as the terminal showed it: no colours, the last state of a ``\\r`` redraw."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = text.rstrip("\n")
+    if text.endswith("\r"):
+        text = text[:-1]
+    if "\r" in text:
+        text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text[:_MAX_LINE]
+
+
+def read_chunks(chunks: Iterable[bytes]) -> _Reading:
+    """One pass over a log given as byte blocks (any sizes): every signal hit and the facts.
+
+    Each block is lower-cased once and searched for every needle at once (Aho-Corasick); only
+    the lines that contain one are decoded and read by :meth:`_Reading.read_line`. Lines are
+    numbered by their ``\\n``, as ``sed -n Np`` counts them.
+    """
+    reading = _Reading()
+    number = 0  # lines before the current block
+    tail = b""
+    for block in chunks:
+        if not block:
+            continue
+        data = tail + block
+        end = data.rfind(b"\n") + 1
+        if end == 0:  # no line ends in this block yet; keep at most one long line's head
+            tail = data[: _MAX_LINE * 8]
+            continue
+        tail = data[end:]
+        number = _read_block(reading, data[:end], number)
+    if tail:
+        number = _read_block(reading, tail + b"\n", number)
+    reading.lines = number
     return reading
+
+
+def _read_block(reading: _Reading, data: bytes, number: int) -> int:
+    """Read the candidate lines of a block of whole lines; return the line count after it."""
+    if b"\x1b" in data:  # colour codes could split a needle; newlines are kept, so are numbers
+        data = _ANSI_BYTES.sub(b"", data)
+    low = data.lower()
+    wanted = reading.wanted()
+    done = 0  # where the next line to read starts
+    counted, at = 0, number  # newlines are counted up to `counted`, which is line `at` + 1
+    while done < len(low):
+        base = done
+        rescan = False
+        for _, start, _ in _automaton(wanted).find_matches_as_indexes(low[base:] if base else low):
+            start += base
+            if start < done:
+                continue
+            first = low.rfind(b"\n", 0, start) + 1
+            last = low.find(b"\n", start)
+            at += low.count(b"\n", counted, first)
+            counted = first
+            reading.read_line(at + 1, clean(data[first:last]))
+            done = last + 1
+            if reading.wanted() != wanted:  # something was found: search the rest without its needles
+                wanted = reading.wanted()
+                rescan = True
+                break
+        if not rescan:
+            break
+    return number + data.count(b"\n")
 
 
 # --- weighing -------------------------------------------------------------------------------
@@ -508,21 +671,66 @@ def _first_line(reading: _Reading, category: str) -> int:
     return min(h.line for hits in reading.hits.values() for h in hits if h.signal.category == category)
 
 
-def diagnose_lines(lines: Iterable[tuple[int, str]]) -> Diagnosis:
-    """Diagnose numbered, cleaned log lines (see :func:`iter_lines`)."""
-    reading = read_log(lines)
+@dataclass(frozen=True)
+class Tuning:
+    """How the evidence is weighed: the numbers cross-validation chooses (tests/diagnose_eval.py).
+
+    ``min_score``: below it a category is not named (``unknown``). ``at_first_error``: added to
+    a category with a line at the log's first fatal error or within ``window`` lines after it
+    (CMake and pip print the message under the line that says "error"). ``same_family``:
+    added to a category whose family is the first fatal error's.
+    """
+
+    min_score: float = 5.0
+    at_first_error: float = 0.0
+    same_family: float = 0.0
+    window: int = 3
+
+
+TUNING = Tuning()
+# The values cross-validation chooses among (tests/diagnose_eval.py --cv).
+TUNING_GRID = tuple(
+    Tuning(min_score=m, at_first_error=a, same_family=f)
+    for m in (4.0, 5.0, 6.0)
+    for a in (0.0, 2.0, 4.0)
+    for f in (0.0, 1.0, 2.0)
+)
+
+
+def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
+    """The cause (and a second one, if the log shows two) from what :func:`read_chunks` found."""
     scores = _scores(reading)
     why = _reconsider(scores, reading)
+    first = reading.first_error
+    if first is not None:
+        for cat in scores:
+            lines = [h.line for hits in reading.hits.values() for h in hits if h.signal.category == cat]
+            if any(first.line <= n <= first.line + tuning.window for n in lines):
+                scores[cat] += tuning.at_first_error
+            if RULES.families.get(cat) == first.family:
+                scores[cat] += tuning.same_family
     ranked = sorted(
-        (cat for cat, s in scores.items() if s >= MIN_SCORE and cat in CATEGORIES),
+        (cat for cat, s in scores.items() if s >= tuning.min_score and cat in CATEGORIES),
         key=lambda cat: (-scores[cat], _first_line(reading, cat) if _has_hits(reading, cat) else 0),
     )
     if not ranked:
         return _unknown(reading)
     category = ranked[0]
     hits = _category_hits(reading, category) or _category_hits(reading, _source_of(category, reading))
-    evidence = tuple(Evidence(h.line, h.text.strip()[:300]) for h in hits[:MAX_EVIDENCE])
-    return Diagnosis(category, _hint(category, hits, reading, why.get(category)), evidence)
+    secondary = None
+    if len(ranked) > 1:
+        other = ranked[1]
+        other_hits = _category_hits(reading, other)
+        # A second cause only where it shows on lines of its own (not a reading of the same lines).
+        if other_hits and not {h.line for h in other_hits} & {h.line for h in hits}:
+            secondary = Cause(other, _hint(other, other_hits, reading, why.get(other)), _evidence(other_hits))
+    return Diagnosis(
+        category, _hint(category, hits, reading, why.get(category)), _evidence(hits), first, secondary
+    )
+
+
+def _evidence(hits: list[_Hit]) -> tuple[Evidence, ...]:
+    return tuple(Evidence(h.line, h.text.strip()[:300]) for h in hits[:MAX_EVIDENCE])
 
 
 def _has_hits(reading: _Reading, category: str) -> bool:
@@ -552,32 +760,36 @@ def _category_hits(reading: _Reading, category: str) -> list[_Hit]:
 
 
 def _unknown(reading: _Reading) -> Diagnosis:
-    at = reading.first_error or reading.first_follow_up
-    if at is None:  # an empty, binary or successful log: there is no "first error" to point at
+    first = reading.first_error
+    if first is None and reading.first_follow_up is not None:
+        # Only consequences ("ninja: build stopped") are left: point at the first of them.
+        first = FirstError(*reading.first_follow_up, "other")
+    if first is None:  # an empty, binary or successful log: there is no "first error" to point at
         return Diagnosis(
             "unknown",
             "no known build or run failure recognised and no error line in the log; "
             "give the full log of the step that failed",
-            (),
         )
-    hint = (
-        f"no known build or run failure recognised; the first error is at line {at[0]}. "
-        "Read the lines just above it; if it is a ROCm failure worth recognising, add the "
-        "excerpt to tests/data/diagnose/."
-    )
-    return Diagnosis("unknown", hint, (Evidence(at[0], at[1].strip()[:300]),))
+    step = RULES.next_steps[first.family].format(line=first.line)
+    hint = f"no known cause recognised; {step}"
+    return Diagnosis("unknown", hint, (Evidence(first.line, first.text.strip()[:300]),), reading.first_error)
 
 
-def diagnose_text(text: str) -> Diagnosis:
+def diagnose_text(text: str, *, tuning: Tuning = TUNING) -> Diagnosis:
     """Diagnose a whole log given as one string."""
-    return diagnose_lines(iter_lines(io.StringIO(text)))
+    return decide(read_chunks([text.encode("utf-8", "surrogateescape")]), tuning)
 
 
-def diagnose_file(path: str | os.PathLike[str]) -> Diagnosis:
+def diagnose_stream(stream: BinaryIO, *, tuning: Tuning = TUNING) -> Diagnosis:
+    """Diagnose a log read from a binary stream, in blocks (memory stays flat)."""
+    return decide(read_chunks(iter(functools.partial(stream.read, _CHUNK), b"")), tuning)
+
+
+def diagnose_file(path: str | os.PathLike[str], *, tuning: Tuning = TUNING) -> Diagnosis:
     """Diagnose a log file, streaming it (logs of millions of lines are fine)."""
     try:
         with open(path, "rb") as f:
-            return diagnose_lines(iter_lines(f))
+            return diagnose_stream(f, tuning=tuning)
     except FileNotFoundError:
         raise UserError(f"{path}: no such log file") from None
     except IsADirectoryError:
@@ -910,7 +1122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Print the diagnosis of one log; exit 0 when a cause was found, 1 when it is unknown."""
     if args.log == "-":
-        diagnosis = diagnose_lines(iter_lines(sys.stdin.buffer))
+        diagnosis = diagnose_stream(sys.stdin.buffer)
     else:
         diagnosis = diagnose_file(args.log)
     if args.json:

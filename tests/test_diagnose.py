@@ -103,16 +103,42 @@ def test_config_reads_the_categories_without_importing_the_engine():
     assert out.strip() == repr((CATEGORIES, RETRYABLE))
 
 
-def test_signal_needles_are_in_every_line_the_signal_matches():
-    """The substring prefilter must never hide a line from a signal (checked on all real text)."""
+# Every rule that reads a line: causes, fatal-error shapes, facts. Each has needles, a pattern
+# and an example; the needles are the literal prefilter that decides which lines are read at all.
+LINE_RULES = [*SIGNALS, *RULES.fatal, *RULES.facts]
+
+
+@pytest.mark.parametrize("rule", [*RULES.fatal, *RULES.facts], ids=lambda r: r.name)
+def test_line_rule_matches_its_example(rule):
+    line = body(rule.example)
+    assert rule.pattern.search(line) and not (rule.unless and rule.unless.search(line)), rule.name
+    assert any(n in rule.example.lower() for n in rule.needles), rule.name
+
+
+def test_needles_are_in_every_line_a_rule_matches():
+    """The literal prefilter must never hide a line from a rule (checked on all real text)."""
     from rocmforge.diagnose import iter_lines
 
     for path in ALL_FIXTURES:
         with open(path, "rb") as f:
             for number, text in iter_lines(f):
-                for sig in SIGNALS:
-                    if sig.pattern.search(body(text)):
-                        assert any(n in text.lower() for n in sig.needles), (path.name, number, sig.name)
+                for rule in LINE_RULES:
+                    if rule.pattern.search(body(text)):
+                        assert any(n in text.lower() for n in rule.needles), (path.name, number, rule.name)
+                if RULES.follow_up.search(body(text)):
+                    assert any(n in text.lower() for n in RULES.follow_up_needles), (path.name, number)
+
+
+def test_reading_in_blocks_of_any_size_reads_the_same_lines():
+    """Block boundaries (a line cut in two, a colour code cut in two) change nothing."""
+    from rocmforge.diagnose import decide, read_chunks
+
+    data = b"".join(p.read_bytes() for p in sorted(FIXTURES.glob("*.log"))[:40])
+    data = data.replace(b"error", b"\x1b[1;31merror\x1b[0m")  # colour codes inside lines
+    whole = decide(read_chunks([data])).to_json()
+    for size in (1, 7, 4096):
+        blocks = [data[i : i + size] for i in range(0, len(data), size)]
+        assert decide(read_chunks(blocks)).to_json() == whole, size
 
 
 def test_dev_split_accuracy_stays_at_the_reported_level():
@@ -134,7 +160,8 @@ def test_no_thread_is_in_both_halves_of_the_split():
 def test_json_shape_and_evidence_point_at_the_decisive_line():
     path = FIXTURES / "oom_compiler-fc-planner-1.log"
     d = diagnose_file(path).to_json()
-    assert set(d) == {"category", "hint", "evidence"}
+    # The shape only grows: the first three keys are the original contract.
+    assert list(d) == ["category", "hint", "evidence", "first_error", "secondary"]
     assert d["category"] == "oom_compiler"
     first = d["evidence"][0]
     assert set(first) == {"line", "text"}
@@ -248,6 +275,7 @@ def test_compile_out_of_memory_under_a_limit(tmp_path):
     d = diagnose_text("MAX_JOBS=8\n" + out)
     assert d.category == "oom_compiler", out
     assert "memory" in d.evidence[0].text
+    assert d.first_error.family == "oom"
     assert "MAX_JOBS=4" in d.hint
     env, note = retry_plan(
         d, {"MAX_JOBS": "8", "CMAKE_BUILD_PARALLEL_LEVEL": "8"}, _config(tmp_path, ["oom_compiler"])
@@ -263,6 +291,7 @@ def test_missing_library_at_link_time(tmp_path):
     d = diagnose_text(out)
     assert d.category == "missing_library_link", out
     assert "cannot find -lrocmforge_no_such_lib" in d.evidence[0].text  # not collect2's line
+    assert d.first_error.family == "linker" and d.first_error.line == d.evidence[0].line
     assert "librocmforge_no_such_lib" in d.hint
 
 
@@ -275,7 +304,31 @@ def test_hipcc_with_a_bad_arch(tmp_path):
     out = _run(["hipcc", "--offload-arch=gfx9420", "-c", "k.hip", "-o", "k.o"], cwd=tmp_path, env=env)
     d = diagnose_text(out)
     assert d.category == "arch_unsupported", out
+    assert d.first_error.family == "compiler"
     assert "gfx9420" in d.hint and "gfx942" in d.hint.replace("gfx9420", "")  # did-you-mean
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
+def test_an_unknown_failure_still_names_the_first_fatal_error_and_what_to_do(tmp_path):
+    (tmp_path / "bad.cpp").write_text("int main() { return undeclared_name; }\n")
+    out = _run(["g++", "-c", "bad.cpp", "-o", "bad.o"], cwd=tmp_path)
+    log = "[1/2] Building CXX object bad.o\n" + out + "ninja: build stopped: subcommand failed.\n"
+    d = diagnose_text(log)
+    assert d.category == "unknown", log
+    first = d.first_error
+    assert first.family == "compiler" and "undeclared_name" in first.text
+    assert log.splitlines()[first.line - 1] == first.text  # the line number is the log's
+    assert d.evidence[0].line == first.line
+    assert f"the compiler stopped at line {first.line}" in d.hint
+
+
+def test_two_causes_in_one_log_are_both_reported_with_their_lines():
+    net = (FIXTURES / "network_fetch-vllm-7813.log").read_text()
+    link = (FIXTURES / "missing_library_link-hipfort-13.log").read_text()
+    d = diagnose_text(net + link)
+    assert {d.category, d.secondary.category} == {"network_fetch", "missing_library_link"}
+    assert not {e.line for e in d.evidence} & {e.line for e in d.secondary.evidence}
+    assert d.to_json()["secondary"]["category"] == d.secondary.category
 
 
 # pip's build isolation, for real: an sdist whose build imports torch. The in-tree backend does
@@ -359,6 +412,7 @@ def test_pip_isolation_without_torch(tmp_path):
     d = diagnose_text(out)
     assert d.category == "build_isolation_torch", out
     assert "No module named 'torch'" in " ".join(e.text for e in d.evidence)
+    assert d.first_error.family == "python_import"  # the build backend's import of torch
     assert "--no-build-isolation" in d.hint
 
 
@@ -469,6 +523,8 @@ def test_empty_or_binary_log_and_unreadable_file(tmp_path):
             "hint": "no known build or run failure recognised and no error line in the log; "
             "give the full log of the step that failed",
             "evidence": [],
+            "first_error": None,
+            "secondary": None,
         }
     # Any other read error (EIO here) was an OSError traceback.
     if Path("/proc/self/mem").exists():
