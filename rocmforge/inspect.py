@@ -911,3 +911,20 @@ def _print_table(report: Report, required: tuple[str, ...]) -> None:
     console.print(table)
     with_code = sum(1 for f in report.files if f.bundles)
     console.print(f"{len(report.files)} objects, {with_code} with GPU code, {len(report.missing)} gaps")
+    if not required:
+        return
+    # The verdict of --require in one line, last, where a log reader (or `tail -1`) looks.
+    wanted = ",".join(required)
+    if report.missing:
+        archs = ",".join(sorted({m.arch for m in report.missing}))
+        where = sorted({f"{m.path}:{m.member}" if m.member else m.path for m in report.missing})
+        console.print(
+            f"FAIL: --require {wanted}: {archs} missing from {len(where)} object(s): {', '.join(where)}",
+            style="bold red",
+            markup=False,
+            soft_wrap=True,
+        )
+    elif with_code:
+        console.print(f"OK: --require {wanted}: every GPU bundle covers it", style="green", markup=False)
+    else:
+        console.print(f"note: --require {wanted} checked nothing: no GPU code found", markup=False)

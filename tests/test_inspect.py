@@ -192,9 +192,13 @@ def test_hipcc_wheel_cli_contract(tmp_path):
         ],
         "missing": [{"path": str(wheel), "member": "demo/libk.so", "bundle": 0, "arch": "gfx90a"}],
     }
-    assert run_cli(str(so), "--require", "gfx908").returncode == 0
+    ok = run_cli(str(so), "--require", "gfx908")
+    assert ok.returncode == 0
+    assert ok.stderr.splitlines()[-1] == "OK: --require gfx908: every GPU bundle covers it"
     table = run_cli(str(so), "--require", "gfx90a")
-    assert table.returncode == 1 and "gfx90a" in table.stderr
+    # A table and "1 gaps" was all a failure said: the last line says FAIL, what and where.
+    assert table.returncode == 1
+    assert table.stderr.splitlines()[-1] == f"FAIL: --require gfx90a: gfx90a missing from 1 object(s): {so}"
 
     # damaged compressed bytes, found while the member is inflated chunk by chunk: one line, exit 2
     with zipfile.ZipFile(wheel) as z:
