@@ -1,4 +1,4 @@
-"""rocmforge sessions: `nox -l` is the table of contents, the logic lives in `rocmforge/`.
+"""rocmforge sessions (nox -l lists them; the logic lives in the rocmforge package).
 
 nox -s toolchain              check the host before anything long starts
 nox -s pytorch triton vllm    build the configured packages into the wheelhouse

@@ -182,9 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``python -m rocmforge env``."""
     parser.add_argument("package", metavar="PACKAGE", help="a package from build_config.toml")
     fmt = parser.add_mutually_exclusive_group()
-    fmt.add_argument(
-        "--shell", action="store_true", help="print `export` lines (eval them to rebuild by hand)"
-    )
+    fmt.add_argument("--shell", action="store_true", help="print export lines (eval them to rebuild by hand)")
     fmt.add_argument("--json", action="store_true", help="print a JSON object")
 
 

@@ -14,6 +14,9 @@ import sys
 from rocmforge import __version__
 from rocmforge.errors import UserError
 
+# Plain text: --help prints it as it is (the module docstring's RST markup showed raw).
+DESCRIPTION = "rocmforge's tools on their own: doctor, arch, env, inspect, diagnose, verify, ..."
+
 # command -> (module, one-line help). The CLI contract of these commands is documented in the
 # README; other tools parse their --json output, so keep it stable.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only ``command``'s module is imported to define its arguments."""
-    parser = argparse.ArgumentParser(prog="python -m rocmforge", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rocmforge", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"rocmforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
