@@ -74,9 +74,13 @@ class Result:
     status: str  # "built", "up to date", "downloaded"
     wheel: Path
     seconds: float
+    # Where a build's seconds went, in order ("build venv": 23.0, ...): the build step alone
+    # is a fraction of the total, and the rest must not look unexplained.
+    phases: tuple[tuple[str, float], ...] = ()
 
     def summary(self) -> str:
-        return f"{self.package}: {self.status} ({self.wheel.name}, {self.seconds:.1f}s)"
+        spent = ": " + ", ".join(f"{what} {secs:.1f}s" for what, secs in self.phases) if self.phases else ""
+        return f"{self.package}: {self.status} ({self.wheel.name}, {self.seconds:.1f}s{spent})"
 
 
 def run_session(session, cfg: Config, name: str) -> Result:
@@ -177,7 +181,9 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
 
     log = buildlog.log_path(cfg.build.logs_dir, name)
     console.print(f"{name}: building from {checkout.path} (log: {log})", soft_wrap=True)
+    phases = [("checks and sources", time.monotonic() - start)]
     _make_venv(cfg, venv, requirements, list(deps.values()), house, log, label=f"{name}: build venv")
+    phases.append(("build venv", time.monotonic() - start - sum(t for _, t in phases)))
     env = {**os.environ, **buildenv.build_environment(cfg, name, facts, base_env=dict(os.environ), ctx=ctx)}
     retries: list[str] = []
     env = compile_cache.begin(cfg, env, work / "compile-cache.log")
@@ -196,6 +202,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         console.print(f"{name}: retrying once: {note}")
         for stale in [dist, *recipe.stale_paths(ctx)]:
             _remove(stale)
+    phases.append(("build", time.monotonic() - start - sum(t for _, t in phases)))
     cache_stats, cache_line = compile_cache.finish(cfg, env)
     if cache_line:
         console.print(f"{name}: {cache_line}", markup=False)
@@ -224,7 +231,9 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     _write_state(work, fingerprint, inputs, entry)
     lock.record_build(cfg, checkout, facts)
     _remove(work / "out")
-    return Result(name, "built", entry.path, time.monotonic() - start)
+    total = time.monotonic() - start
+    phases.append(("wheel fixup and publish", total - sum(t for _, t in phases)))
+    return Result(name, "built", entry.path, total, tuple(phases))
 
 
 def _pinned_by(cfg: Config, pkg: Package, commit: str | None) -> str | None:
@@ -247,7 +256,6 @@ def _run_steps(name: str, recipe, ctx, project_dir: Path, env: dict[str, str], l
         result = buildlog.run_step(label, argv, cwd=project_dir, env=env, log=log)
         if not result.ok:
             return result
-        console.print(f"{label} done in {result.seconds:.0f}s")
     return None
 
 
@@ -477,7 +485,7 @@ def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], hou
         return
     _remove(venv)
     uv = uv_binary()
-    steps = [[uv, "venv", "--quiet", "--python", _python(cfg), str(venv)]]
+    steps = [("create", [uv, "venv", "--quiet", "--python", _python(cfg), str(venv)])]
     install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
     from rocmforge import bundle
 
@@ -485,9 +493,10 @@ def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], hou
     if wheels:
         # Our index first: for any project it has, uv takes no version from PyPI.
         install += ["--index", (house.simple).resolve().as_uri(), *map(str, wheels)]
-    steps.append([*install, *requirements])
-    for argv in steps:
-        result = buildlog.run_step(label, argv, cwd=venv.parent, env=dict(os.environ), log=log)
+    count = len(requirements) + len(wheels)
+    steps.append((f"install {count} requirement{'s' if count != 1 else ''}", [*install, *requirements]))
+    for what, argv in steps:
+        result = buildlog.run_step(f"{label}: {what}", argv, cwd=venv.parent, env=dict(os.environ), log=log)
         if not result.ok:
             _report_failure(label, result)
             raise UserError(f"{label}: could not install the build requirements; full log: {log}")

@@ -1,8 +1,9 @@
 """Run one long build step: full output to a log file, live progress on the terminal.
 
 Progress is ninja's ``[N/M]`` counter when the output has one, otherwise the elapsed time and
-the last line. On a terminal it is one live line (rich); elsewhere (CI logs) a status line is
-printed every ``quiet_interval`` seconds so a long build does not look hung.
+the last line. On a terminal it is one live line (rich); elsewhere (CI logs) a step prints a
+start line, a status line every ``quiet_interval`` seconds so a long build does not look hung,
+and (both ways) a line with its time when it succeeds; a failure is the caller's to report.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def run_step(
         )
         assert proc.stdout is not None
         live = _live(label) if console.is_terminal else None
+        if live is None:  # a log has no live line: say what runs now, even for a short step
+            console.print(f"{label}: started", markup=False)
         last_note = start
         try:
             for raw in proc.stdout:
@@ -89,8 +92,11 @@ def run_step(
         finally:
             if live is not None:
                 live.stop()
-        fh.write(f"# exit {proc.returncode} after {time.monotonic() - start:.1f}s\n")
-    return StepResult(proc.returncode, time.monotonic() - start, log, tuple(tail))
+        seconds = time.monotonic() - start
+        fh.write(f"# exit {proc.returncode} after {seconds:.1f}s\n")
+    if proc.returncode == 0:
+        console.print(f"{label}: done in {seconds:.1f}s", markup=False)
+    return StepResult(proc.returncode, seconds, log, tuple(tail))
 
 
 def _live(label: str) -> Progress:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 
 from rocmforge.buildlog import lines_that_matter, log_path, run_step
@@ -48,3 +50,29 @@ def test_each_build_gets_its_own_log_and_the_link_moves(tmp_path):
 def test_without_error_lines_the_last_lines_are_shown():
     tail = tuple(f"line {i}" for i in range(30))
     assert lines_that_matter(tail, limit=3) == ["line 27", "line 28", "line 29"]
+
+
+def test_in_a_log_every_step_says_when_it_starts_and_ends_and_tables_keep_their_width(tmp_path):
+    # Piped into a CI log (no terminal), a step under a minute printed nothing at all, and rich
+    # wrapped tables at 80 columns.
+    script = f"""
+import os, sys
+from rich.table import Table
+from rocmforge.buildlog import run_step
+from rocmforge.console import console
+run_step("demo: build", [sys.executable, "-c", "print('hi')"], cwd={str(tmp_path)!r},
+         env=dict(os.environ), log=__import__("pathlib").Path({str(tmp_path / "demo.log")!r}))
+run_step("demo: fail", [sys.executable, "-c", "raise SystemExit(3)"], cwd={str(tmp_path)!r},
+         env=dict(os.environ), log=__import__("pathlib").Path({str(tmp_path / "demo.log")!r}))
+table = Table()
+table.add_column("fix")
+table.add_row("x" * 150)
+console.print(table)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "demo: build: started"
+    assert re.fullmatch(r"demo: build: done in \d+\.\ds", lines[1])
+    assert lines[2] == "demo: fail: started"  # a failure's end is the caller's report
+    assert any("x" * 150 in line for line in lines[3:])  # one row, not folded at 80 columns
