@@ -64,6 +64,16 @@ _TRANSIENT_RE = re.compile(
     r"|could not read from remote repository|unexpected disconnect|broken pipe|invalid packet",
     re.IGNORECASE,
 )
+# A name that does not resolve: no DNS on this machine (air-gapped, offline). Retrying rarely
+# helps and cost 22 s before the same answer, so it is one line at once.
+_UNRESOLVED_RE = re.compile(
+    r"could not resolve host|name or service not known|temporary failure in name resolution"
+    r"|no address associated with hostname|nodename nor servname",
+    re.IGNORECASE,
+)
+_OFFLINE_FIX = (
+    "check the connection, or build offline from a filled cache or an export (README: Air-gapped clusters)"
+)
 # Triton's pin as PyTorch records it (read from the PyTorch tree when ``pin_from = "pytorch"``).
 PYTORCH_TRITON_COMMIT = ".ci/docker/ci_commit_pins/triton.txt"
 PYTORCH_TRITON_VERSION = ".ci/docker/triton_version.txt"
@@ -206,6 +216,11 @@ def _effective_pin(cfg: Config, pkg: Package, *, offline: bool) -> _Pin:
     commit = src.commit
     version = src.version if src.kind == "pypi" else pkg.version
     if pkg.pin_from:
+        # Checking out Triton fetches PyTorch first: say why, it may take a while.
+        console.print(
+            f"{pkg.pin_from}: needed because {pkg.name}'s pin comes from it ({PYTORCH_TRITON_COMMIT})",
+            markup=False,
+        )
         derived_commit, derived_version = derived_pin(cfg, pkg, offline=offline)
         commit, version = _merge_derived(pkg, derived_commit, derived_version)
     from rocmforge import lock
@@ -376,6 +391,8 @@ def _remote(args: list[str], *, git_dir: Path, what: str):
     """
     for delay in (*RETRY_DELAYS, None):
         proc = git.run(args, git_dir=git_dir, check=False)
+        if proc.returncode != 0 and _UNRESOLVED_RE.search(proc.stderr):
+            raise UserError(f"{what}: {git.last_line(proc.stderr)}; {_OFFLINE_FIX}")
         if proc.returncode == 0 or not _TRANSIENT_RE.search(proc.stderr):
             return proc
         # git says "could not read from remote repository" for a missing local repository
@@ -389,8 +406,7 @@ def _remote(args: list[str], *, git_dir: Path, what: str):
         if delay is None:
             raise UserError(
                 f"{what}: network error after {len(RETRY_DELAYS) + 1} attempts: "
-                f"{git.last_line(proc.stderr)}; "
-                "check the connection, or build offline from a filled cache or an export"
+                f"{git.last_line(proc.stderr)}; {_OFFLINE_FIX}"
             )
         console.print(f"{what}: {git.last_line(proc.stderr)}; retrying in {delay:g} s")
         time.sleep(delay)
@@ -926,9 +942,12 @@ def _with_retries(action, *, url: str, what: str):
             final = f"{what}: {url}: {error} after {len(RETRY_DELAYS) + 1} attempts; try again later"
         except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
             error = str(getattr(exc, "reason", None) or exc) or type(exc).__name__
+            if _UNRESOLVED_RE.search(error):
+                host = urllib.parse.urlsplit(url).hostname
+                raise UserError(f"{what}: cannot resolve {host} ({error}); {_OFFLINE_FIX}") from None
             final = (
                 f"{what}: network error after {len(RETRY_DELAYS) + 1} attempts at {url}: {error}; "
-                "check the connection, or build offline from a filled cache or an export"
+                f"{_OFFLINE_FIX}"
             )
         if delay is None:
             raise UserError(final) from None

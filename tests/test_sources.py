@@ -197,6 +197,25 @@ def test_missing_local_repository_fails_at_once_without_retries(tmp_path, capfd)
     assert not (tmp_path / "third_party" / "app").exists()
 
 
+@pytest.mark.parametrize("kind", ["git", "url"])
+def test_a_host_that_does_not_resolve_fails_at_once_in_one_line(tmp_path, capfd, kind):
+    # No DNS (an air-gapped machine): four attempts over 22 s all said the same thing.
+    # .invalid never resolves (RFC 2606).
+    if kind == "git":
+        package = git_package("app", "https://rocmforge-test.invalid/app.git", "v2")
+    else:
+        package = url_package("app", "https://rocmforge-test.invalid/app-1.0.tar.gz", "0" * 64)
+    cfg = write_config(tmp_path, package)
+    start = time.monotonic()
+    with pytest.raises(UserError) as err:
+        sources.prepare(cfg, "app")
+    assert time.monotonic() - start < 5
+    message = str(err.value)
+    assert "\n" not in message and "rocmforge-test.invalid" in message
+    assert message.endswith("build offline from a filled cache or an export (README: Air-gapped clusters)")
+    assert "retrying" not in capfd.readouterr().err
+
+
 def test_offline_uses_the_filled_cache(tmp_path, upstream, daemon):
     url = daemon.url("app")
     cfg = write_config(tmp_path, git_package("app", url, "v2", upstream.shas["c2"]))
@@ -273,7 +292,7 @@ def test_killed_mid_checkout_recovers(tmp_path, phase):
     assert (co.path / "src/file0007.txt").read_text() == expected
 
 
-def test_derived_triton_pin(tmp_path, upstream):
+def test_derived_triton_pin(tmp_path, upstream, capfd):
     triton_commit = upstream.shas["c1"]
     torch = upstream.new("torch")
     commit(
@@ -295,6 +314,7 @@ def test_derived_triton_pin(tmp_path, upstream):
 
     co = sources.prepare(write_config(tmp_path, torch_pkg + triton(None)), "triton")
     assert co.commit == triton_commit and co.version == "3.8.0"
+    assert "pytorch: needed because triton's pin comes from it" in capfd.readouterr().err
     wrong = upstream.shas["c2"]
     with pytest.raises(UserError) as err:
         sources.prepare(write_config(tmp_path, torch_pkg + triton(wrong)), "triton")
