@@ -82,6 +82,7 @@ class FirstError:
     line: int
     text: str
     family: str  # one of RULES.family_names: compiler, linker, loader, cmake, ...
+    fallback: str = ""  # the cause this shape of line alone shows, if any (see diagnose_rules.toml)
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,7 @@ class LineRule:
     unless: re.Pattern[str] | None
     family: str  # for a fact: ""
     example: str
+    fallback: str = ""  # fatal rules only: the cause this shape alone shows, if any
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ class Rules:
 
 _MACRO = re.compile(r"<<(\w+)>>")
 _SIGNAL_KEYS = {"name", "category", "weight", "needles", "pattern", "unless", "family", "example"}
-_LINE_RULE_KEYS = {"name", "family", "needles", "pattern", "unless", "example"}
+_LINE_RULE_KEYS = {"name", "family", "needles", "pattern", "unless", "example", "fallback"}
 
 
 def load_rules(path: Path = RULES_FILE) -> Rules:
@@ -272,13 +274,15 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
         for spec in data[kind]:
             name = spec.get("name", "?")
             required = {"name", "needles", "pattern", "example"} | ({"family"} if with_family else set())
-            allowed = _LINE_RULE_KEYS if with_family else _LINE_RULE_KEYS - {"family"}
+            allowed = _LINE_RULE_KEYS if with_family else _LINE_RULE_KEYS - {"family", "fallback"}
             if set(spec) - allowed or not required <= set(spec):
                 raise ValueError(f"{path}: {kind} {name}: keys {sorted(spec)}; allowed {sorted(allowed)}")
             if with_family and spec["family"] not in family_names:
                 raise ValueError(f"{path}: {kind} {name}: family {spec['family']!r} not in {family_names}")
             if any(n != n.lower() for n in spec["needles"]) or not spec["needles"]:
                 raise ValueError(f"{path}: {kind} {name}: needles must be lower-case, at least one")
+            if spec.get("fallback", "") not in ("", *categories):
+                raise ValueError(f"{path}: {kind} {name}: unknown fallback {spec['fallback']!r}")
             out.append(
                 LineRule(
                     name,
@@ -287,6 +291,7 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
                     compile_(spec["unless"], f"{kind} {name}") if "unless" in spec else None,
                     spec.get("family", ""),
                     spec["example"],
+                    spec.get("fallback", ""),
                 )
             )
         return tuple(out)
@@ -439,7 +444,7 @@ class _Reading:
                 if any(n in low for n in rule.needles):
                     core = body(text) if core is None else core
                     if rule.pattern.search(core) and not (rule.unless and rule.unless.search(core)):
-                        self.first_error = FirstError(number, text, rule.family)
+                        self.first_error = FirstError(number, text, rule.family, rule.fallback)
                         break
         tried: set[str] = set()
         for needle in _NEEDLES:
@@ -688,10 +693,12 @@ class Tuning:
 
 
 TUNING = Tuning()
-# The values cross-validation chooses among (tests/diagnose_eval.py --cv).
+_NOTHING = re.compile(r"(?!)")  # the pattern of a cause named from the first fatal error alone
+# The values cross-validation chooses among (tests/diagnose_eval.py --cv); the default first,
+# so that a tie keeps it.
 TUNING_GRID = tuple(
     Tuning(min_score=m, at_first_error=a, same_family=f)
-    for m in (4.0, 5.0, 6.0)
+    for m in (5.0, 4.0, 6.0)
     for a in (0.0, 2.0, 4.0)
     for f in (0.0, 1.0, 2.0)
 )
@@ -713,10 +720,20 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
         (cat for cat, s in scores.items() if s >= tuning.min_score and cat in CATEGORIES),
         key=lambda cat: (-scores[cat], _first_line(reading, cat) if _has_hits(reading, cat) else 0),
     )
+    fallback: list[_Hit] = []
+    if not ranked and first is not None and first.fallback:
+        # No signal is strong enough, but the first fatal error's shape alone names the cause.
+        ranked = [first.fallback]
+        sig = Signal("first-fatal-error", (), first.fallback, 0.0, _NOTHING, family=first.family)
+        fallback = [_Hit(sig, first.line, first.text, {})]
     if not ranked:
         return _unknown(reading)
     category = ranked[0]
-    hits = _category_hits(reading, category) or _category_hits(reading, _source_of(category, reading))
+    hits = (
+        _category_hits(reading, category)
+        or _category_hits(reading, _source_of(category, reading))
+        or fallback
+    )
     secondary = None
     if len(ranked) > 1:
         other = ranked[1]

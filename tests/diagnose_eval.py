@@ -9,7 +9,8 @@ and no thread can be in both halves. The split was fixed (commit "diagnose_eval:
 by thread") before the engine was changed for issue 15.
 
 Tune on DEV only: ``python tests/diagnose_eval.py`` prints DEV's accuracy, unknown rate,
-per-category precision/recall and the confusion matrix. ``--test`` scores the TEST split; it
+per-category precision/recall and the confusion matrix, ``--cv 5`` a k-fold cross-validation by
+thread of the engine's weighing. ``--test`` scores the TEST split; it
 prints only the aggregate unless ``--report`` is given, so the split can be measured "before"
 without reading its errors.
 """
@@ -126,6 +127,32 @@ def score(items: Sequence[Excerpt], classify: Callable[[Path], str] | None = Non
     return report
 
 
+def cross_validate(items: Sequence[Excerpt], k: int) -> tuple[list[Report], list[object]]:
+    """k-fold cross-validation by thread of the engine's weighing (``Tuning``).
+
+    The rules are written by hand; the numbers that weigh them (``rocmforge.diagnose.Tuning``:
+    the score below which the answer is ``unknown``, the weight of a line at the first fatal
+    error, of the same family) are chosen for each fold from ``TUNING_GRID`` by accuracy on the
+    other k-1 folds, then scored on the held fold. Returns each fold's report and its choice.
+    """
+    from rocmforge.diagnose import TUNING_GRID, decide, read_chunks
+
+    readings = {e.path: read_chunks([e.path.read_bytes()]) for e in items}
+
+    def right(group: Sequence[Excerpt], tuning: object) -> int:
+        return sum(decide(readings[e.path], tuning).category == e.category for e in group)
+
+    reports, chosen = [], []
+    parts = folds(items, k)
+    for i, held in enumerate(parts):
+        rest = [e for j, part in enumerate(parts) if j != i for e in part]
+        # Ties go to the first in the grid (the plainest weighing).
+        best = max(TUNING_GRID, key=lambda t: (right(rest, t), -TUNING_GRID.index(t)))
+        chosen.append(best)
+        reports.append(score(held, lambda p, best=best: decide(readings[p], best).category))
+    return reports, chosen
+
+
 def _pct(x: float | None) -> str:
     return "   - " if x is None else f"{x:5.0%}"
 
@@ -162,6 +189,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="with --test: the full report too")
     parser.add_argument("--all", action="store_true", help="score the whole corpus")
     parser.add_argument("--stats", action="store_true", help="corpus size, sources and split")
+    parser.add_argument("--cv", type=int, metavar="K", help="k-fold cross-validation by thread on DEV")
     args = parser.parse_args()
     if args.stats:
         items = corpus()
@@ -174,6 +202,15 @@ def main() -> None:
         )
         for repo, n in repos.most_common(15):
             print(f"  {n:>3} {repo}")
+        return
+    if args.cv:
+        reports, chosen = cross_validate(split("dev"), args.cv)
+        for i, (r, t) in enumerate(zip(reports, chosen, strict=True)):
+            print_report(f"fold {i} ({t})", r, details=False)
+        total = sum(r.total for r in reports)
+        right = sum(r.correct for r in reports)
+        unknown = sum(r.unknown for r in reports)
+        print(f"cv: {right}/{total} = {right / total:.1%} right cause, {unknown / total:.1%} unknown")
         return
     name = "test" if args.test else "all" if args.all else "dev"
     print_report(name, score(split(name)), details=not args.test or args.report)

@@ -322,6 +322,17 @@ def test_an_unknown_failure_still_names_the_first_fatal_error_and_what_to_do(tmp
     assert f"the compiler stopped at line {first.line}" in d.hint
 
 
+def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_fires():
+    # git's words for a clone whose repository went away: no signal knows them, the network
+    # shape of the first fatal error does; a compiler error's shape names no cause by itself.
+    gone = (
+        "Cloning into 'third_party/fbjni'...\nfatal: repository 'https://example.org/fbjni.git/' not found\n"
+    )
+    d = diagnose_text(gone)
+    assert (d.category, d.first_error.family, d.evidence[0].line) == ("network_fetch", "network", 2)
+    assert diagnose_text("x.cpp:1:1: error: expected ';'\n").category == "unknown"
+
+
 def test_two_causes_in_one_log_are_both_reported_with_their_lines():
     net = (FIXTURES / "network_fetch-vllm-7813.log").read_text()
     link = (FIXTURES / "missing_library_link-hipfort-13.log").read_text()
