@@ -1149,8 +1149,17 @@ def main(args: argparse.Namespace) -> int:
 
         from rocmforge.console import console
 
-        console.print(f"[bold]{diagnosis.category}[/bold]: {escape(diagnosis.hint)}")
-        for e in diagnosis.evidence:
-            # Evidence is copied from the log: one line each, however wide, so it can be searched.
-            console.print(f"  {e.line:>7} | {escape(e.text)}", soft_wrap=True)
+        first = diagnosis.first_error
+        if first is not None:
+            console.print(f"first fatal error ({first.family}) at line {first.line}")
+        _print_cause(console, escape, diagnosis.category, diagnosis.hint, diagnosis.evidence)
+        if (second := diagnosis.secondary) is not None:
+            _print_cause(console, escape, f"also {second.category}", second.hint, second.evidence)
     return 0 if diagnosis.category != "unknown" else 1
+
+
+def _print_cause(console: Any, escape: Any, title: str, hint: str, evidence: tuple[Evidence, ...]) -> None:
+    console.print(f"[bold]{title}[/bold]: {escape(hint)}")
+    for e in evidence:
+        # Evidence is copied from the log: one line each, however wide, so it can be searched.
+        console.print(f"  {e.line:>7} | {escape(e.text)}", soft_wrap=True)

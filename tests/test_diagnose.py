@@ -514,6 +514,10 @@ def test_cli_json_and_exit_codes(tmp_path):
     assert d["category"] == "arch_not_specified" and "PYTORCH_ROCM_ARCH" in d["hint"]
     assert d["evidence"][0]["line"] == 6
 
+    proc = _cli(str(FIXTURES / "arch_not_specified-kernel-builder-142.log"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("first fatal error (cmake) at line 5\narch_not_specified: ")  # the console
+
     proc = _cli("-", "--json", stdin="all good\nbuild finished\n")
     assert proc.returncode == 1 and json.loads(proc.stdout)["category"] == "unknown"
 
