@@ -36,7 +36,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import arch_detect, contract, host
+from rocmforge import arch_detect, contract, host, inspect
 from rocmforge.doctor import FAIL, JOIN_FIX, OK, WARN, Check, render
 from rocmforge.errors import UserError
 
@@ -152,6 +152,16 @@ def python_fits(tags: list[str], python: str) -> bool:
 def _rocm_checks(stack: dict, root: Path, environ: Mapping[str, str]) -> list[Check]:
     wanted = stack.get("rocm")
     libs = stack.get("node_libraries") or []
+    if stack.get("rocm_conflict"):
+        ranges = " and ".join(stack["rocm_conflict"])
+        return [
+            Check(
+                "ROCm",
+                FAIL,
+                f"the wheels were built against different ROCm series ({ranges})",
+                "rebuild the wheelhouse against one ROCm",
+            )
+        ]
     if not wanted and not libs:
         return [Check("ROCm", OK, "the stack links no ROCm library")]
     installs = host.find_rocm_installs(root, environ)
@@ -213,26 +223,39 @@ def _shown(path: str, root: Path) -> str:
         return path
 
 
-def _gpu_checks(stack: dict, gpus: list[arch_detect.Gpu], notes: list[str]) -> list[Check]:
-    archs = stack.get("gpu_archs") or []
-    if not archs:
+def _gpu_checks(doc: dict, gpus: list[arch_detect.Gpu], notes: list[str]) -> list[Check]:
+    """Every GPU against every wheel with GPU code (a wheel built for ``gfx9-4-generic`` runs on
+    a gfx942: :func:`rocmforge.inspect.covers` decides, as for ``inspect --require``)."""
+    archs = doc["stack"].get("gpu_archs") or []
+    per_wheel = {
+        w["project"]: w["contract"]["gpu_archs"]
+        for w in doc.get("wheels", [])
+        if (w.get("contract") or {}).get("gpu_archs")
+    }
+    if not per_wheel:
         return [Check("GPUs", OK, "the stack holds no GPU code")]
     if not gpus:
         why = "; ".join(notes) or "no GPU agent"
         return [Check("GPUs", FAIL, f"none found ({why})", NO_GPU_FIX)]
     names = ", ".join(f"{g.arch} ({g.name})" if g.name else g.arch for g in gpus)
-    missing = sorted({g.arch for g in gpus} - set(archs))
-    if missing:
+    found = f"{names}; the wheels hold code for {' '.join(archs) or 'no common arch'}"
+    lacking = {
+        arch: sorted(p for p, targets in per_wheel.items() if not inspect.covers(targets, arch))
+        for arch in sorted({g.arch for g in gpus})
+    }
+    lacking = {arch: projects for arch, projects in lacking.items() if projects}
+    if lacking:
+        which = "; ".join(f"{arch}: {', '.join(projects)}" for arch, projects in lacking.items())
         return [
             Check(
                 "GPUs",
                 FAIL,
-                f"{names}; the wheels hold code for {' '.join(archs)}",
-                f"{' '.join(missing)} would fail with hipErrorNoBinaryForGpu: use a wheelhouse built "
-                f"with these archs (PYTORCH_ROCM_ARCH) or hide those GPUs (HIP_VISIBLE_DEVICES)",
+                found,
+                f"no code for {which} (hipErrorNoBinaryForGpu): use a wheelhouse built with these "
+                "archs (PYTORCH_ROCM_ARCH) or hide those GPUs (HIP_VISIBLE_DEVICES)",
             )
         ]
-    return [Check("GPUs", OK, f"{names}; the wheels hold code for {' '.join(archs)}")]
+    return [Check("GPUs", OK, found)]
 
 
 def _runtime_checks(stack: dict, root: Path, environ: Mapping[str, str]) -> list[Check]:
@@ -317,7 +340,7 @@ def check_node(
         gpus, notes = arch_detect.detect_local(root=root, environ=environ)
     checks = [
         *_rocm_checks(stack, root, environ),
-        *_gpu_checks(stack, gpus, notes),
+        *_gpu_checks(doc, gpus, notes),
         *_runtime_checks(stack, root, environ),
         *_python_checks(doc, python or platform.python_version()),
         *_device_checks(root, environ),

@@ -46,7 +46,7 @@ def node_tree(tmp: Path, *, ld_conf: bool = True) -> Path:
     return tmp
 
 
-def stack_doc(**overrides) -> dict:
+def stack_doc(wheel_archs=(("torch", ["gfx90a", "gfx942"]),), **overrides) -> dict:
     """A stack.json as the index writes it: ROCm 7.2, two sonames, gfx90a+gfx942, cp311."""
     stack = {
         "rocm": ">=7.2,<7.3",
@@ -60,9 +60,12 @@ def stack_doc(**overrides) -> dict:
         "unknown": [],
         **overrides,
     }
-    wheel = {"project": "torch", "version": "2.13.0", "filename": "t.whl", "sha256": "0" * 64}
-    wheel["contract"] = {"python": stack["python"]}
-    return {"format": contract.STACK_FORMAT, "stack": stack, "wheels": [wheel]}
+    wheels = [
+        {"project": project, "version": "1.0", "filename": f"{project}.whl", "sha256": "0" * 64}
+        | {"contract": {"python": stack["python"], "gpu_archs": archs}}
+        for project, archs in wheel_archs
+    ]
+    return {"format": contract.STACK_FORMAT, "stack": stack, "wheels": wheels}
 
 
 def saved_gpus(name: str) -> list[arch_detect.Gpu]:
@@ -140,6 +143,25 @@ def test_gpus_from_saved_rocminfo_against_the_stack_archs(tmp_path, paste, statu
         assert row.found.startswith(arch)
     if status == FAIL and arch:
         assert "hipErrorNoBinaryForGpu" in row.fix and arch in row.fix
+
+
+def test_each_wheel_is_checked_and_generic_targets_count(tmp_path):
+    # vllm built for gfx9-4-generic runs on the MI300X (gfx942) although the archs all wheels
+    # name in common are only gfx90a; on an RX 7900 (gfx1100) the fix names both wheels.
+    wheels = (("torch", ["gfx90a", "gfx942"]), ("vllm", ["gfx90a", "gfx9-4-generic"]))
+    doc = stack_doc(wheels, gpu_archs=["gfx90a"])
+    assert run(node_tree(tmp_path), doc)["GPUs"].status == OK
+    row = run(tmp_path, doc, gpus="rocminfo_rx7900xtx_padded.txt")["GPUs"]
+    assert row.status == FAIL and "gfx1100: torch, vllm" in row.fix
+    wheels = (("torch", ["gfx942"]), ("vllm", ["gfx90a"]))
+    row = run(tmp_path, stack_doc(wheels, gpu_archs=[]), gpus="rocminfo_mi250x.txt")["GPUs"]
+    assert row.status == FAIL and "gfx90a: torch" in row.fix
+
+
+def test_wheels_built_against_two_rocm_series_fail(tmp_path):
+    doc = stack_doc(rocm=None, rocm_conflict=[">=7.1,<7.2", ">=7.2,<7.3"])
+    row = run(node_tree(tmp_path), doc)["ROCm"]
+    assert row.status == FAIL and ">=7.1,<7.2 and >=7.2,<7.3" in row.found
 
 
 def test_no_gpu_detected_on_a_tree_without_kfd(tmp_path):
