@@ -35,11 +35,11 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from rocmforge import __version__, buildlog, compile_cache, contract, provenance, recipes
+from rocmforge import __version__, buildlog, compile_cache, contract, killpoints, provenance, recipes
 from rocmforge.config import VENV_TOOLS, Config, Package, package_archs
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json, remove_temp_files
 from rocmforge.wheelfile import (
     drop_requirements,
     pin_requirements,
@@ -109,7 +109,9 @@ def build_package(cfg: Config, name: str, *, facts=None) -> Result:
     doctor.require_ok(cfg, facts, [name])
     work = cfg.build.work_dir / name
     house = Wheelhouse(cfg.build.wheelhouse)
-    with file_lock(work / ".lock", what=f"building {name}", on_wait=_say_waiting(name)):
+    with file_lock(work / ".lock", what=f"building {name}", on_wait=_say_waiting(name), inherit=True):
+        remove_temp_files(work)  # a state.json write cut short by a kill
+        house.tidy()  # and a publication cut short, even when nothing is rebuilt now
         if pkg.prebuilt is not None:
             return _prebuilt(cfg, pkg, house, work, start)
         return _build(cfg, pkg, house, work, facts, start)
@@ -120,6 +122,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
 
     name = pkg.name
     checkout = sources.prepare(cfg, name)
+    killpoints.reached("source", name)
     recipe = recipes.get(pkg.recipe)
     deps = dependency_wheels(cfg, name)
     ctx = build_context(cfg, name, checkout, deps)
@@ -184,6 +187,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     phases = [("checks and sources", time.monotonic() - start)]
     _make_venv(cfg, venv, requirements, list(deps.values()), house, log, label=f"{name}: build venv")
     phases.append(("build venv", time.monotonic() - start - sum(t for _, t in phases)))
+    killpoints.reached("venv", name)
     env = {**os.environ, **buildenv.build_environment(cfg, name, facts, base_env=dict(os.environ), ctx=ctx)}
     retries: list[str] = []
     env = compile_cache.begin(cfg, env, work / "compile-cache.log")
@@ -208,6 +212,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         console.print(f"{name}: {cache_line}", markup=False)
 
     built = _single_wheel(dist, name, log)
+    killpoints.reached("built", name)
     record = {
         "package": name,
         "version": wheel_name(built).version,
@@ -227,7 +232,9 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         **_common_record(cfg, facts, own_env, fingerprint, pkg),
     }
     wheel = _fixup(ctx, recipe, built, work / "out", record)
+    killpoints.reached("fixed", name)
     entry = house.publish(wheel)
+    killpoints.reached("published", name)
     _write_state(work, fingerprint, inputs, entry)
     lock.record_build(cfg, checkout, facts)
     _remove(work / "out")
@@ -618,10 +625,15 @@ def _changed(old: Mapping, new: Mapping) -> list[str]:
 
 
 def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
+    try:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+    except OSError as exc:  # e.g. a process outside rocmforge still writing there
+        raise UserError(
+            f"{path}: could not remove it ({exc.strerror}); stop whatever still writes there, then run again"
+        ) from None
 
 
 def _say_waiting(name: str):

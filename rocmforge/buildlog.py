@@ -19,6 +19,7 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from rocmforge.console import console
+from rocmforge.fsutil import inherited_lock_fds
 
 _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
 # Lines worth showing when a build fails: compiler and linker errors, CMake errors, Python's
@@ -69,6 +70,7 @@ def run_step(
             text=True,
             errors="replace",
             bufsize=1,
+            pass_fds=inherited_lock_fds(),  # the build lock outlives us if we are killed
         )
         assert proc.stdout is not None
         live = _live(label) if console.is_terminal else None

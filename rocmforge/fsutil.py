@@ -48,6 +48,7 @@ def file_lock(
     what: str = "",
     timeout: float | None = None,
     on_wait=None,
+    inherit: bool = False,
 ) -> Iterator[Path]:
     """Hold an exclusive ``flock`` on ``path`` (created if needed) for the ``with`` block.
 
@@ -55,6 +56,10 @@ def file_lock(
     it. ``on_wait(holder_text)`` is called once if we have to wait; ``timeout`` (seconds) turns
     a long wait into a ``UserError`` naming the holder. The kernel drops the lock when the
     holder dies, so a killed run never leaves a stale lock behind.
+
+    ``inherit``: the commands this process runs meanwhile (:func:`inherited_lock_fds`) hold the
+    lock too, so a build step orphaned by a killed run keeps it until the step ends; the next
+    run waits for the orphan instead of deleting the directory it is still writing.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,11 +86,37 @@ def file_lock(
                     time.sleep(0.2)
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} {what}".strip().encode())
+        if inherit:
+            _inherited.append(fd)
         yield path
     finally:
+        if fd in _inherited:
+            _inherited.remove(fd)
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+_inherited: list[int] = []  # fds of the locks held with inherit=True
+
+
+def inherited_lock_fds() -> tuple[int, ...]:
+    """The lock fds a command started now must keep open (``subprocess`` ``pass_fds``)."""
+    return tuple(_inherited)
+
+
+def remove_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temp files :func:`atomic_write` leaves when killed (``.NAME.XXXX.tmp``).
+
+    Call it only under the lock that every writer of ``directory`` holds, so that no temp file
+    being written now is taken for a leftover.
+    """
+    gone = []
+    for path in Path(directory).glob(".*.tmp"):
+        if path.is_file() or path.is_symlink():
+            path.unlink(missing_ok=True)
+            gone.append(path)
+    return gone
 
 
 def _read_holder(path: Path) -> str:

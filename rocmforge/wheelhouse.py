@@ -44,7 +44,7 @@ from urllib.parse import quote
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name
 
-from rocmforge import contract
+from rocmforge import contract, killpoints
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, read_json
@@ -159,6 +159,7 @@ class Wheelhouse:
             os.close(fd)
             try:
                 shutil.copyfile(wheel, tmp)
+                killpoints.reached("publish:copied", name.project)
                 new = _entry(wheel, Path(tmp), file_sha256(tmp))
                 keep = [e for e in self._checked() if e.project != name.project]
                 self._switch([*keep, new], new=new, names={Path(tmp).name: name.filename})
@@ -176,6 +177,12 @@ class Wheelhouse:
             if gone:
                 self._switch([e for e in entries if e.project != wanted])
         return gone
+
+    def tidy(self) -> None:
+        """Sweep what a killed run left (temp files, a half-staged generation), if anything."""
+        if self.root.is_dir():
+            with self.locked("tidying"):
+                self._sweep()
 
     def reindex(self) -> list[Entry]:
         """Regenerate ``simple/`` and ``constraints.txt`` from the wheels present.
@@ -199,8 +206,8 @@ class Wheelhouse:
         """Usable wheel files at the root that no generation holds (a hand copy, the old layout)."""
         found = []
         for path in sorted(self.root.glob("*.whl")):
-            if path.is_symlink() and not path.exists():
-                continue  # ours, from a publish cut short; swept under the lock
+            if _is_staged(path) or (path.is_symlink() and not path.exists()):
+                continue  # ours, from a publish in progress or cut short; swept under the lock
             if path.name in record:
                 continue  # a recorded name that is not ours any more: the sweep puts ours back
             problem = _unusable(path)
@@ -234,6 +241,7 @@ class Wheelhouse:
         ``names`` renames files on the way in (a temp copy -> the wheel's own name).
         """
         entries = self._consistent(entries, new)
+        project = new.project if new is not None else ""  # for the kill test's points
         if not entries:
             # No index rather than an empty one: a header-only constraints.txt pins nothing, so
             # `pip install -c constraints.txt vllm` would quietly take vllm from PyPI.
@@ -252,11 +260,23 @@ class Wheelhouse:
                 staged.append(Entry(e.project, e.version, target, e.sha256, e.dependencies))
             self._write_index(stage, staged)
             _fsync_dir(stage)
+            killpoints.reached("publish:staged", project)
             visible = sorted(p.name for p in stage.iterdir() if not p.name.startswith("."))
-            for name in visible:  # new names first: they point at nothing until the switch
+            for name in visible:
+                # A new name must exist before the index that links it: it points into the
+                # staged generation until the sweep after the switch points it at .index.
                 if not os.path.lexists(self.root / name):
-                    _symlink(self.root / name, f"{_CURRENT}/{name}")
+                    _symlink(self.root / name, f"{stage.name}/{name}")
+            current = self.root / _CURRENT
+            if current.is_symlink():
+                # Names leaving with this switch keep leading to the old generation's file until
+                # the sweep after it removes both: the old wheel goes last.
+                for path in self.root.iterdir():
+                    if _is_ours(path) and path.name not in visible:
+                        _symlink(path, f"{os.readlink(current)}/{path.name}")
+            killpoints.reached("publish:linked", project)
             _symlink(self.root / _CURRENT, stage.name)  # the switch
+            killpoints.reached("publish:switched", project)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
@@ -325,10 +345,15 @@ class Wheelhouse:
         target = os.readlink(current) if current.is_symlink() else None
         visible = {p.name for p in current.iterdir() if not p.name.startswith(".")} if target else set()
         record = self._record()
-        for name in visible:  # a real file or directory (hand copy taken in, old layout) -> ours
+        for name in visible:  # a staged link, a real file or directory (hand copy, old layout) -> ours
             path = self.root / name
             if not _is_ours(path):
-                if name in record and path.is_file() and file_sha256(path) != record[name]["sha256"]:
+                if (
+                    not _is_staged(path)
+                    and name in record
+                    and path.is_file()
+                    and file_sha256(path) != record[name]["sha256"]
+                ):
                     console.print(
                         f"{path}: not the wheel published under this name; put the published one back",
                         markup=False,
@@ -339,7 +364,7 @@ class Wheelhouse:
                 _symlink(path, f"{_CURRENT}/{name}")
         for path in self.root.iterdir():
             name = path.name
-            if _is_ours(path) and name not in visible:
+            if (_is_ours(path) or _is_staged(path)) and name not in visible:
                 path.unlink()  # the old wheel goes last, after the switch
             elif name.startswith(_GENERATION) and name != target:
                 shutil.rmtree(path, ignore_errors=True)
@@ -350,6 +375,11 @@ class Wheelhouse:
 def _is_ours(path: Path) -> bool:
     """Whether ``path`` is one of the root symlinks into the current generation."""
     return path.is_symlink() and os.readlink(path).startswith(f"{_CURRENT}/")
+
+
+def _is_staged(path: Path) -> bool:
+    """Whether ``path`` is a root symlink into a generation directory (made before a switch)."""
+    return path.name != _CURRENT and path.is_symlink() and os.readlink(path).startswith(_GENERATION)
 
 
 def _symlink(path: Path, target: str) -> None:
