@@ -5,10 +5,11 @@ wheels need; this module compares a node with it:
 
 - **ROCm**: the install a process finds (``ROCM_PATH``, ``/opt/rocm``, ...) and its version
   against the stack's range, then every ROCm soname the wheels link, looked up the way the
-  dynamic loader looks (``LD_LIBRARY_PATH``, the directories of ``/etc/ld.so.conf``, the
-  default directories); our wheels carry no RUNPATH into a ROCm tree;
+  dynamic loader looks (``LD_LIBRARY_PATH``, its cache ``/etc/ld.so.cache``, the default
+  directories); our wheels carry no RUNPATH into a ROCm tree. A directory ``/etc/ld.so.conf``
+  names whose library the cache lacks means ldconfig has not run;
 - **GPUs**: each GPU's arch (KFD topology, rocminfo, amd-smi; or saved output with ``--gpus``)
-  against the archs every GPU wheel of the stack holds code for;
+  against the archs of each wheel with GPU code;
 - **glibc and libstdc++**: the newest ``GLIBC_``, ``GLIBCXX_``, ``CXXABI_`` versions the
   loader's libc.so.6 and libstdc++.so.6 define, against the stack's floors;
 - **Python**: the interpreter that will install (``--python``) against each wheel's tag;
@@ -36,20 +37,11 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import arch_detect, contract, host, inspect
+from rocmforge import arch_detect, contract, host, inspect, verify
 from rocmforge.doctor import FAIL, JOIN_FIX, OK, WARN, Check, render
 from rocmforge.errors import UserError
 
 DEFAULT_STACK = "wheelhouse/stack.json"
-# Where ld.so looks after LD_LIBRARY_PATH and its cache, on the distributions ROCm supports.
-DEFAULT_LIB_DIRS = (
-    "lib/x86_64-linux-gnu",
-    "usr/lib/x86_64-linux-gnu",
-    "lib64",
-    "usr/lib64",
-    "lib",
-    "usr/lib",
-)
 
 NO_GPU_FIX = (
     "load the amdgpu driver (amdgpu-dkms) or start the container with --device=/dev/kfd "
@@ -87,16 +79,10 @@ def load_stack(source: str) -> dict:
     return doc
 
 
-def loader_dirs(root: Path, environ: Mapping[str, str]) -> list[tuple[Path, str]]:
-    """The directories ld.so searches for a library without RUNPATH, in order, each with why.
-
-    ``LD_LIBRARY_PATH``, then the directories ``/etc/ld.so.conf`` names (its ``include`` globs
-    followed), then the defaults. Paths are read under ``root`` (``/`` on a real node).
-    """
-    dirs: list[tuple[Path, str]] = []
-    for d in environ.get("LD_LIBRARY_PATH", "").split(":"):
-        if d:
-            dirs.append((root / d.lstrip("/"), "LD_LIBRARY_PATH"))
+def ld_so_conf_dirs(root: Path) -> dict[Path, str]:
+    """Directories ``/etc/ld.so.conf`` names (its ``include`` globs followed) -> the file naming
+    each. ldconfig turns them into the loader's cache; they say *why* a directory is searched."""
+    dirs: dict[Path, str] = {}
     pending, seen = [root / "etc/ld.so.conf"], set()
     while pending:
         conf = pending.pop(0)
@@ -114,17 +100,43 @@ def loader_dirs(root: Path, environ: Mapping[str, str]) -> list[tuple[Path, str]
                 base = conf.parent if not pattern.startswith("/") else root
                 pending += [Path(p) for p in sorted(glob.glob(str(base / pattern.lstrip("/"))))]
             elif line:
-                dirs.append((root / line.lstrip("/"), f"/{conf.relative_to(root)}"))
-    dirs += [(root / d, "default") for d in DEFAULT_LIB_DIRS]
+                dirs.setdefault(root / line.lstrip("/"), f"/{conf.relative_to(root)}")
     return dirs
 
 
-def find_library(soname: str, dirs: list[tuple[Path, str]]) -> tuple[Path, str] | None:
-    """The first ``soname`` in ``dirs`` (as ld.so would take it) and why that directory is searched."""
-    for d, why in dirs:
-        if (d / soname).exists():
-            return d / soname, why
-    return None
+class Loader:
+    """Where ld.so finds a library our wheels need, on the node under ``root``.
+
+    Our wheels' RUNPATHs hold only ``$ORIGIN`` entries, so the loader's order is
+    ``LD_LIBRARY_PATH``, its cache (``/etc/ld.so.cache``, read with ``ldconfig -p`` as verify
+    reads it), then the default directories.
+    """
+
+    def __init__(self, root: Path, environ: Mapping[str, str]):
+        self.root = root
+        self.ld_library_path = [
+            root / d.lstrip("/") for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d
+        ]
+        self.cache = verify.ld_cache(root / "etc/ld.so.cache")
+        self.conf = ld_so_conf_dirs(root)
+
+    def find(self, soname: str) -> tuple[Path, str] | None:
+        """The file the loader opens for ``soname`` (under ``root``) and why it is searched there."""
+        for d in self.ld_library_path:
+            if (d / soname).exists():
+                return d / soname, "LD_LIBRARY_PATH"
+        if soname in self.cache:
+            path = self.root / self.cache[soname].lstrip("/")
+            conf = self.conf.get(path.parent)
+            return path, f"ld.so cache{f', {conf}' if conf else ''}"
+        for d in verify.DEFAULT_LIB_DIRS:
+            if (self.root / d.lstrip("/") / soname).exists():
+                return self.root / d.lstrip("/") / soname, "default directory"
+        return None
+
+    def stale(self, soname: str) -> tuple[Path, str] | None:
+        """An ld.so.conf directory holding ``soname`` that the cache lacks: ldconfig has not run."""
+        return next(((d, conf) for d, conf in self.conf.items() if (d / soname).exists()), None)
 
 
 def _version_in(version: str | None, spec: str) -> bool:
@@ -182,21 +194,12 @@ def _rocm_checks(stack: dict, root: Path, environ: Mapping[str, str]) -> list[Ch
                     f"install ROCm {wanted} and set ROCM_PATH to it, or use a wheelhouse built for this ROCm",
                 )
             )
-    dirs = loader_dirs(root, environ)
+    loader = Loader(root, environ)
     lib_dir = Path(rocm.lib_dir) if rocm and rocm.lib_dir else None
     for soname in libs:
-        hit = find_library(soname, dirs)
+        hit = loader.find(soname)
         if hit is None:
-            in_rocm = lib_dir is not None and (lib_dir / soname).exists()
-            shown = _shown(str(lib_dir), root) if lib_dir else ""
-            fix = (
-                f"the loader does not search {shown}: echo {shown} | sudo tee /etc/ld.so.conf.d/rocm.conf "
-                f"&& sudo ldconfig (or export LD_LIBRARY_PATH={shown})"
-                if in_rocm
-                else f"install the ROCm {wanted or ''} libraries (rocm-libs) that provide it"
-            )
-            found = f"not found by the loader{f'; present in {shown}' if in_rocm else ''}"
-            checks.append(Check(f"library {soname}", FAIL, found, fix))
+            checks.append(_unresolved(soname, loader, lib_dir, wanted, root))
             continue
         path, why = hit
         found = f"{_shown(str(path), root)} ({why})"
@@ -213,6 +216,32 @@ def _rocm_checks(stack: dict, root: Path, environ: Mapping[str, str]) -> list[Ch
         else:
             checks.append(Check(f"library {soname}", OK, found))
     return checks
+
+
+def _unresolved(soname: str, loader: Loader, lib_dir: Path | None, wanted: str | None, root: Path) -> Check:
+    """The failed check of a ROCm library the loader does not find, with the fix that applies."""
+    name = f"library {soname}"
+    stale = loader.stale(soname)
+    if stale:
+        where = _shown(str(stale[0]), root)
+        return Check(
+            name,
+            FAIL,
+            f"not in the loader's cache; {where} ({stale[1]}) holds it",
+            "ldconfig has not run since that file was written: sudo ldconfig",
+        )
+    if lib_dir is not None and (lib_dir / soname).exists():
+        shown = _shown(str(lib_dir), root)
+        return Check(
+            name,
+            FAIL,
+            f"not found by the loader; present in {shown}",
+            f"the loader does not search {shown}: echo {shown} | sudo tee /etc/ld.so.conf.d/rocm.conf "
+            f"&& sudo ldconfig (or export LD_LIBRARY_PATH={shown})",
+        )
+    return Check(
+        name, FAIL, "not found", f"install the ROCm {wanted or ''} libraries (rocm-libs) that provide it"
+    )
 
 
 def _shown(path: str, root: Path) -> str:
@@ -259,10 +288,10 @@ def _gpu_checks(doc: dict, gpus: list[arch_detect.Gpu], notes: list[str]) -> lis
 
 
 def _runtime_checks(stack: dict, root: Path, environ: Mapping[str, str]) -> list[Check]:
-    dirs = loader_dirs(root, environ)
+    loader = Loader(root, environ)
     checks = []
     for soname, floors in (("libc.so.6", ("GLIBC",)), ("libstdc++.so.6", ("GLIBCXX", "CXXABI"))):
-        hit = find_library(soname, dirs)
+        hit = loader.find(soname)
         for namespace in floors:
             need = stack.get(namespace.lower())
             have = host.newest_symbol_version(hit[0], namespace) if hit else None

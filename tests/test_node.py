@@ -22,16 +22,33 @@ LIBDIR = "lib/x86_64-linux-gnu"
 REAL_LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
 REAL_LIBSTDCXX = Path("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
 pytestmark = pytest.mark.skipif(
-    not (REAL_LIBC.exists() and REAL_LIBSTDCXX.exists()), reason="needs a Debian/Ubuntu x86-64 libc"
+    not (REAL_LIBC.exists() and REAL_LIBSTDCXX.exists() and shutil.which("ldconfig") and os.geteuid() == 0),
+    reason="needs a Debian/Ubuntu x86-64 libc, gcc, and root for `ldconfig -r` (chroot)",
 )
 
 
+def shared_library(path: Path, soname: str) -> None:
+    """A real shared object with ``soname`` (ldconfig reads the SONAME, not the file name)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.parent / f".{soname}.c"
+    src.write_text("int rocm_stand_in(void) { return 7; }\n")
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), str(src)], check=True
+    )
+
+
+def ldconfig(root: Path) -> None:
+    """The node's loader cache, built by the real ldconfig from the tree's ld.so.conf."""
+    subprocess.run(["ldconfig", "-r", str(root)], check=True)
+
+
 def node_tree(tmp: Path, *, ld_conf: bool = True) -> Path:
-    """A node: ROCm 7.2.0 under /opt (HIP and hipBLASLt sonames), ld.so.conf.d/rocm.conf when
-    ``ld_conf``, the real libc/libstdc++, /dev/kfd and a render node, alice in video and render."""
+    """A node: ROCm 7.2.0 under /opt (HIP and hipBLASLt, real shared objects), ld.so.conf.d/rocm.conf
+    when ``ld_conf`` and the loader cache from it, the real libc/libstdc++, /dev/kfd and a render
+    node, alice in video and render."""
     rocm = fakehost.rocm(tmp, "opt/rocm-7.2.0", "7.2.0-43")
     for soname in ("libamdhip64.so.7", "libhipblaslt.so.1"):
-        fakehost.write(rocm / "lib" / soname, b"\x7fELF")
+        shared_library(rocm / "lib" / soname, soname)
     fakehost.write(tmp / "etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
     fakehost.write(tmp / "etc/ld.so.conf.d/x86_64-linux-gnu.conf", "# multiarch\n/usr/local/lib\n")
     if ld_conf:
@@ -39,6 +56,7 @@ def node_tree(tmp: Path, *, ld_conf: bool = True) -> Path:
     (tmp / LIBDIR).mkdir(parents=True, exist_ok=True)
     shutil.copy(REAL_LIBC, tmp / LIBDIR / "libc.so.6")
     shutil.copy(REAL_LIBSTDCXX, tmp / LIBDIR / "libstdc++.so.6")
+    ldconfig(tmp)
     fakehost.write(tmp / "etc/group", "video:x:44:alice\nrender:x:110:alice\n")
     # Owned by video and render, as udev leaves them (the tests run as root, who may chown).
     os.chown(fakehost.write(tmp / "dev/kfd", ""), -1, 44)
@@ -88,7 +106,7 @@ def test_a_node_that_fits_passes_every_check(tmp_path):
     assert {c.status for c in checks.values()} == {OK}, [c for c in checks.values() if c.status != OK]
     assert checks["ROCm"].found.startswith("ROCm 7.2.0 at /opt/rocm-7.2.0")
     lib = checks["library libamdhip64.so.7"].found
-    assert lib == "/opt/rocm-7.2.0/lib/libamdhip64.so.7 (/etc/ld.so.conf.d/rocm.conf)"
+    assert lib == "/opt/rocm-7.2.0/lib/libamdhip64.so.7 (ld.so cache, /etc/ld.so.conf.d/rocm.conf)"
     assert checks["GPUs"].found.startswith("gfx942 (AMD Instinct MI300X)")
     glibc = host.newest_symbol_version(REAL_LIBC, "GLIBC")
     assert checks["GLIBC >= 2.17"].found == f"GLIBC {glibc} in /{LIBDIR}/libc.so.6"
@@ -105,6 +123,14 @@ def test_rocm_libraries_must_be_where_the_loader_looks(tmp_path):
     row = checks["library libamdhip64.so.7"]
     assert row.status == FAIL and row.found == "not found by the loader; present in /opt/rocm-7.2.0/lib"
     assert "ld.so.conf.d/rocm.conf" in row.fix and "ldconfig" in row.fix
+    # rocm.conf written but ldconfig not run: the cache is what the loader reads.
+    fakehost.write(tree / "etc/ld.so.conf.d/rocm.conf", "/opt/rocm-7.2.0/lib\n")
+    row = run(tree, stack_doc())["library libamdhip64.so.7"]
+    assert row.status == FAIL and "sudo ldconfig" in row.fix and "/etc/ld.so.conf.d/rocm.conf" in row.found
+    ldconfig(tree)
+    assert run(tree, stack_doc())["library libamdhip64.so.7"].status == OK
+    (tree / "etc/ld.so.conf.d/rocm.conf").unlink()
+    ldconfig(tree)
     # LD_LIBRARY_PATH is the other documented way.
     checks = run(tree, stack_doc(), LD_LIBRARY_PATH="/opt/rocm-7.2.0/lib")
     assert checks["library libamdhip64.so.7"].found.endswith("(LD_LIBRARY_PATH)")
