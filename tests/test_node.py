@@ -261,3 +261,11 @@ def test_cli_json_on_this_machine_with_a_saved_paste(tmp_path):
     assert failed == expected and doc["ok"] == (not expected)
     assert proc.returncode == (1 if expected else 0)
     assert next(c for c in doc["checks"] if c["name"] == "GPUs")["found"].startswith("gfx90a")
+
+
+def test_stack_from_an_index_server_by_url(http, tmp_path):
+    """A node reads the stack.json its index server serves; a wrong URL is the one-line error."""
+    (tmp_path / "www" / "stack.json").write_text(json.dumps(stack_doc()))
+    assert node.load_stack(http.url("stack.json")) == stack_doc()
+    proc = cli("--stack", http.url("missing/stack.json"))
+    assert proc.returncode == 2 and "cannot read" in proc.stderr and proc.stderr.count("\n") == 1
