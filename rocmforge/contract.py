@@ -78,6 +78,7 @@ PROVIDED: dict[str, tuple[str, ...]] = {
         "libhipblas.so*",
         "libhipblaslt.so*",
         "libhipblas-common.so*",
+        "librocroller.so*",
         "librocsolver.so*",
         "libhipsolver.so*",
         "librocsparse.so*",
