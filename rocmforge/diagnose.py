@@ -929,7 +929,8 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             need = ""
         return (
             f"{at}: {have} does not fit this source{need}. Install the required compiler "
-            "(e.g. gcc-13/g++-13), point CC/CXX at it, and pin it in the package's "
+            "(e.g. GCC 13: docs/toolchain.md gives the route per distribution; Debian 12 has no "
+            "gcc-13 package), point CC/CXX at it, and pin it in the package's "
             "[[packages.X.requires]] so `nox -s toolchain` checks it before the build"
         )
     if category == "compiler_crash":
