@@ -349,6 +349,7 @@ _JOBS = re.compile(
 _JOBS_NEEDLES = ("max_jobs=", "cmake --build", "ninja ")
 _ARCH = re.compile(r"\bgfx(?:\d{3,4}|9[0-4][0-9a-c]|90[ac])[a-z0-9]*\b")
 _ARCH_LINES = 64  # lines naming a gfx target that are read for the list of targets
+_SEEN_LINES = 4096  # distinct candidate lines remembered, so that repeats only count again
 
 
 def _search(text: str, low: str, needles: tuple[str, ...], pattern: re.Pattern[str]) -> re.Match[str] | None:
@@ -380,12 +381,12 @@ class _Reading:
     first_error: FirstError | None = None
     first_follow_up: tuple[int, str] | None = None
     lines: int = 0
+    seen: dict[str, list[tuple[Signal, dict[str, str]]]] = field(default_factory=dict, repr=False)
 
-    def add_hit(self, sig: Signal, number: int, text: str, m: re.Match[str]) -> None:
+    def add_hit(self, sig: Signal, number: int, text: str, details: dict[str, str]) -> None:
         self.counts[sig.name] = self.counts.get(sig.name, 0) + 1
         hits = self.hits.setdefault(sig.name, [])
         if len(hits) < _MAX_HITS_PER_SIGNAL:
-            details = {k.rstrip("2"): v for k, v in m.groupdict().items() if v}
             hits.append(_Hit(sig, number, text, details))
 
     def wanted(self) -> frozenset[str]:
@@ -430,6 +431,16 @@ class _Reading:
 
     def read_line(self, number: int, text: str) -> None:
         """Everything one (cleaned) line says: facts, follow-up, first fatal error, signals."""
+        # Parallel jobs repeat the same lines; what a text says does not change, so a line seen
+        # before only counts again.
+        seen = self.seen.get(text)
+        if seen is not None:
+            for sig, details in seen:
+                self.add_hit(sig, number, text, details)
+            return
+        if len(self.seen) >= _SEEN_LINES:
+            self.seen.clear()
+        self.seen[text] = found = []
         low = text.lower()
         self.note_facts(text, low)
         core = None
@@ -457,7 +468,9 @@ class _Reading:
                 tried.add(sig.name)
                 m = sig.pattern.search(core)
                 if m is not None and not (sig.unless and sig.unless.search(core)):
-                    self.add_hit(sig, number, text, m)
+                    details = {k.rstrip("2"): v for k, v in m.groupdict().items() if v}
+                    found.append((sig, details))
+                    self.add_hit(sig, number, text, details)
 
 
 # needle -> the signals it lets through.
@@ -510,31 +523,33 @@ def read_chunks(chunks: Iterable[bytes]) -> _Reading:
         if not block:
             continue
         data = tail + block
+        if b"\x1b" in data:  # colour codes could split a needle; newlines are kept, so are numbers
+            data = _ANSI_BYTES.sub(b"", data)
         end = data.rfind(b"\n") + 1
         if end == 0:  # no line ends in this block yet; keep at most one long line's head
             tail = data[: _MAX_LINE * 8]
             continue
         tail = data[end:]
-        number = _read_block(reading, data[:end], number)
+        number = _read_block(reading, data, end, number)
     if tail:
-        number = _read_block(reading, tail + b"\n", number)
+        number = _read_block(reading, tail + b"\n", len(tail) + 1, number)
     reading.lines = number
     return reading
 
 
-def _read_block(reading: _Reading, data: bytes, number: int) -> int:
-    """Read the candidate lines of a block of whole lines; return the line count after it."""
-    if b"\x1b" in data:  # colour codes could split a needle; newlines are kept, so are numbers
-        data = _ANSI_BYTES.sub(b"", data)
+def _read_block(reading: _Reading, data: bytes, end: int, number: int) -> int:
+    """Read the candidate lines of ``data[:end]`` (whole lines); return the line count after it."""
     low = data.lower()
     wanted = reading.wanted()
     done = 0  # where the next line to read starts
     counted, at = 0, number  # newlines are counted up to `counted`, which is line `at` + 1
-    while done < len(low):
+    while done < end:
         base = done
         rescan = False
-        for _, start, _ in _automaton(wanted).find_matches_as_indexes(low[base:] if base else low):
+        for _, start, _ in _automaton(wanted).find_matches_as_indexes(low[base:end] if base else low):
             start += base
+            if start >= end:  # in the unfinished line after the block: read with the next one
+                break
             if start < done:
                 continue
             first = low.rfind(b"\n", 0, start) + 1
@@ -549,7 +564,7 @@ def _read_block(reading: _Reading, data: bytes, number: int) -> int:
                 break
         if not rescan:
             break
-    return number + data.count(b"\n")
+    return at + low.count(b"\n", counted, end)
 
 
 # --- weighing -------------------------------------------------------------------------------
