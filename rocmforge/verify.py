@@ -164,10 +164,36 @@ def required_archs(cfg) -> tuple[str, ...]:
 # ---------------------------------------------------------------------- static checks
 
 
-def coverage_checks(wheels: Iterable[Path], required: tuple[str, ...]) -> list[Check]:
-    """Per wheel: does every bundle of every shared object cover ``required``?"""
+def package_archs(cfg) -> dict[str, tuple[str, ...]]:
+    """Configured package -> the archs it is built for, where its ``arch`` list narrows
+    ``build.arch`` (aiter: gfx942, gfx950); coverage asks no more of its wheel."""
+    from rocmforge.config import package_archs as archs_of
+
+    if cfg.build.backend != "rocm":
+        return {}
+    return {name: archs_of(cfg, pkg) for name, pkg in cfg.packages.items() if pkg.arch is not None}
+
+
+def _narrowed(required: tuple[str, ...], provenance: dict | None, narrow) -> tuple[str, ...]:
+    """``required`` for one wheel: only the archs its package is built for (by its provenance's name)."""
+    package = (provenance or {}).get("package")
+    if not narrow or package not in narrow:
+        return required
+    keep = {a.split(":")[0] for a in narrow[package]}
+    return tuple(a for a in required if a.split(":")[0] in keep)
+
+
+def coverage_checks(wheels: Iterable[Path], required: tuple[str, ...], narrow=None) -> list[Check]:
+    """Per wheel: does every bundle of every shared object cover ``required`` (narrowed to its
+    package's archs by ``narrow``, see :func:`package_archs`)?"""
+    from rocmforge.provenance import FILENAME
+    from rocmforge.wheelfile import read_member
+
     checks = []
+    full = required
     for wheel in wheels:
+        own = read_member(wheel, FILENAME) if narrow else None
+        required = _narrowed(full, json.loads(own) if own else None, narrow)
         report = inspect.inspect_paths([wheel], required)
         with_code = [f for f in report.files if f.bundles]
         name = f"archs: {wheel.name}"
@@ -405,16 +431,19 @@ def vllm_platform_checks(env: Environment) -> list[Check]:
 
 
 def installed_coverage_checks(
-    env: Environment, required: tuple[str, ...], skip=frozenset()
+    env: Environment, required: tuple[str, ...], skip=frozenset(), narrow=None
 ) -> tuple[list[Check], set[str]]:
     """Per installed distribution with GPU code: every bundle of its shared objects covers
-    ``required``. Also returns the names of the distributions that hold GPU code."""
+    ``required`` (narrowed per package by ``narrow``). Also returns the names of the
+    distributions that hold GPU code."""
     checks, with_gpu_code = [], set()
+    full = required
     for key in sorted(env.dists):
         dist = env.dists[key]
         objects = _shared_objects(dist)
         if key in skip or not objects:
             continue
+        required = _narrowed(full, dist.get("provenance"), narrow)
         report = inspect.inspect_paths(objects, required)
         with_code = [f for f in report.files if f.bundles]
         if not with_code:
@@ -529,8 +558,27 @@ def version_checks(env: Environment, wheelhouse_sha256: dict[str, str] | None = 
                 )
             )
 
+    checks += _exact_pins(env)
     if wheelhouse_sha256 is not None:
         checks.extend(_built_against(env, wheelhouse_sha256))
+    return checks
+
+
+def _exact_pins(env: Environment) -> list[Check]:
+    """Each wheel we built names the wheels it was built against at ``==`` (provenance
+    ``exact_pins``): torch its Triton, torchvision and torchaudio their torch, vLLM all of them."""
+    checks = []
+    for dist in env.dists.values():
+        pins = (dist.get("provenance") or {}).get("exact_pins") or {}
+        if not pins:
+            continue
+        found = {p: env.version(p) for p in pins}
+        bad = [p for p, spec in pins.items() if not _satisfies(found[p], Requirement(f"{p}{spec}"))]
+        detail = ", ".join(
+            f"{p}{spec} ({'installed ' + found[p] if found[p] else 'not installed'})"
+            for p, spec in pins.items()
+        )
+        checks.append(Check("static", f"{dist['name']} pins", "fail" if bad else "ok", detail))
     return checks
 
 
@@ -675,6 +723,7 @@ def run(
     model: Path | None = TINY_MODEL,
     environ=None,
     cache: Path = LD_SO_CACHE,
+    narrow: dict[str, tuple[str, ...]] | None = None,
 ) -> list[Check]:
     """All checks against the environment of ``python`` (and the ``wheels`` it came from).
 
@@ -686,10 +735,10 @@ def run(
         env = probe_environment(python)
         ours = from_wheelhouse(env, wheels)
         if wheels:
-            checks += coverage_checks(wheels, archs)
+            checks += coverage_checks(wheels, archs, narrow)
         # Every installed package's GPU code, whether or not a wheel of it was given.
         wheel_projects = {wheel_name(w).project for w in wheels} & ours
-        coverage, with_code = installed_coverage_checks(env, archs, skip=wheel_projects)
+        coverage, with_code = installed_coverage_checks(env, archs, skip=wheel_projects, narrow=narrow)
         checks += coverage
         if projects is None:
             stack = {n for n in ("torch", "vllm", *TRITON_PROJECTS) if n in env.dists}
@@ -786,7 +835,12 @@ def nox_session(session, cfg) -> None:
     session.log(f"installing {cfg.build.wheelhouse} into a fresh venv at {venv}")
     python, wheels = fresh_venv(venv, cfg.build.wheelhouse, cfg.build.python or sys.executable)
     checks = run(
-        python, archs=_archs(args, cfg), wheels=wheels, gpu=not args.no_gpu, static=not args.gpu_only
+        python,
+        archs=_archs(args, cfg),
+        wheels=wheels,
+        gpu=not args.no_gpu,
+        static=not args.gpu_only,
+        narrow=package_archs(cfg),
     )
     if report(checks, as_json=args.json):
         session.error("verify failed: see the table above")
@@ -832,9 +886,13 @@ def main(args: argparse.Namespace) -> int:
             f"--wheelhouse {args.wheelhouse}: no wheels there; build them first (nox -s pytorch triton vllm) "
             "or drop --wheelhouse to check the environment alone"
         )
+    from rocmforge.config import config_path, load_config
+
+    cfg = load_config() if config_path().is_file() else None
     checks = run(
         args.python,
-        archs=_archs(args),
+        archs=_archs(args, cfg),
+        narrow=package_archs(cfg) if cfg else None,
         wheels=wheels,
         static=not args.gpu_only,
         gpu=not args.no_gpu,

@@ -22,7 +22,7 @@ import pytest
 
 from rocmforge.config import tomllib
 from rocmforge.errors import UserError
-from rocmforge.wheelfile import read_member, wheel_name
+from rocmforge.wheelfile import read_member, read_metadata, wheel_name
 from rocmforge.wheelhouse import Wheelhouse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,6 +354,11 @@ def test_real_vllm_sdist_through_the_vllm_session(tmp_path):
     assert "no shared object" in record["contract"]["auditwheel"]["reason"]
     stack = json.loads((house.root / "stack.json").read_text())
     assert [w["contract"] for w in stack["wheels"] if w["project"] == "vllm"] == [record["contract"]]
+    # Built against our torch, vLLM names exactly it (VLLM_TARGET_DEVICE=empty lists no torch itself).
+    assert "torch==0.0.0+standin" in read_metadata(vllm.path).get_all("Requires-Dist")
+    assert record["exact_pins"] == {"torch": "==0.0.0+standin"} and record["pins_added"] == [
+        "torch==0.0.0+standin"
+    ]
     # The README says "our patch applied": the wheel's provenance says which, by sha256.
     assert record["patches"] == [
         {
@@ -370,6 +375,46 @@ def test_real_vllm_sdist_through_the_vllm_session(tmp_path):
     again = nox(config, "vllm", **clean_pip)
     print(f"no-op re-run of torch+vllm: {time.monotonic() - start:.1f}s")
     assert again.returncode == 0 and again.stderr.count(": up to date (") == 2
+
+
+LOCAL_TORCH = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.skipif(not LOCAL_TORCH, reason="needs the local torch 2.13.0+cpu wheel in /opt/wheels")
+def test_real_vllm_pins_our_torch_and_an_install_resolves_to_our_wheels(tmp_path):
+    """The real vLLM 0.33.0 sdist (empty target) built against a real torch 2.13.0+cpu taken
+    prebuilt: its METADATA requires that torch exactly, and uv, with our index first and PyPI
+    behind it, resolves vLLM's whole dependency tree to our vllm and our torch."""
+    config = tmp_path / "examples" / "vllm-empty.toml"
+    config.parent.mkdir()
+    text = (EXAMPLES / "vllm-empty.toml").read_text()
+    standin = text[text.index("\n[packages.torch]\n") + 1 : text.index("\n[packages.vllm]\n") + 1]
+    prebuilt = (
+        f'[packages.torch.prebuilt]\nrequirement = "torch==2.13.0+cpu"\nindex = "{LOCAL_TORCH[0].parent}"\n\n'
+    )
+    config.write_text(text.replace(standin, prebuilt))
+    shutil.copytree(EXAMPLES / "patches" / "vllm", config.parent / "patches" / "vllm")
+    proc = nox(config, "vllm")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    house = Wheelhouse(tmp_path / "build" / "vllm-empty" / "wheelhouse")
+    (vllm,) = house.find("vllm")
+    assert "torch==2.13.0+cpu" in read_metadata(vllm.path).get_all("Requires-Dist")
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    dry_run = ["uv", "pip", "install", "--dry-run", "--python", str(venv / "bin" / "python")]
+    plan = subprocess.run(
+        [*dry_run, "--index", house.simple.as_uri(), "vllm"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    chosen = dict(ln.split()[1].split("==", 1) for ln in plan.stderr.splitlines() if ln.startswith(" + "))
+    assert (chosen["vllm"], chosen["torch"]) == ("0.33.0+empty", "2.13.0+cpu")
+    print(f"resolved {len(chosen)} distributions; ours: vllm {chosen['vllm']}, torch {chosen['torch']}")
 
 
 # A build that runs out of memory while compiling with more than one job, the way GCC reports

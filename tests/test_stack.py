@@ -1,11 +1,14 @@
-"""The stack rehearsal: the real `pytorch` and `triton` recipes and Triton's derived pin, end to end.
+"""The stack rehearsal: the real `pytorch`, `triton` and `torchvision` recipes, Triton's derived
+pin and the exact pins between the wheels, end to end.
 
-``examples/stack.toml`` builds two small projects that really compile, shaped like PyTorch and
-ROCm/triton where the recipes look (``examples/fixtures/minitorch``, ``minitriton``): a real
-hipify step, hipcc per arch, ``PYTORCH_BUILD_VERSION``, torch's Requires-Dist on
-``pytorch-triton-rocm``, Triton's commit read from the torch tree's ``.ci/docker`` files. The
-real ``nox`` sessions build them; the wheels are installed together and checked by
-``rocmforge verify --no-gpu``.
+``examples/stack.toml`` builds three small projects that really compile, shaped like PyTorch,
+ROCm/triton and torchvision where the recipes look (``examples/fixtures/minitorch``,
+``minitriton``, ``minivision``): a real hipify step, hipcc per arch, ``PYTORCH_BUILD_VERSION``,
+torch's Requires-Dist on ``pytorch-triton-rocm`` (dropped) and on our triton (exact, through
+``PYTORCH_EXTRA_INSTALL_REQUIREMENTS``), Triton's commit read from the torch tree's
+``.ci/docker`` files, torchvision's C extension compiled against the torch wheel and pinned to
+it (``PYTORCH_VERSION``). The real ``nox`` sessions build them; the wheels are installed
+together and checked by ``rocmforge verify --no-gpu``.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ TRITON_REQUIREMENT = 'pytorch-triton-rocm==0.3.0+git{short}; platform_system == 
 
 
 def stack_config(root: Path, *, triton: str | None = None) -> Path:
-    """``examples/stack.toml`` under ``root``; ``triton`` replaces the Triton package's tables."""
+    """``examples/stack.toml`` under ``root``; ``triton`` replaces the tables from the Triton
+    package's on (torch then no longer depends on it, and torchvision is left out)."""
     config = write_config(root, example="stack.toml")
     if triton is not None:
-        text = config.read_text()
+        text = config.read_text().replace('depends = ["triton"]', "depends = []")
         config.write_text(text[: text.index("[packages.triton]")] + triton)
     return config
 
@@ -52,12 +56,12 @@ def commit_of(repo: Path, rev: str = "HEAD") -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """`nox -s pytorch triton` on the stack example, once."""
+    """`nox -s pytorch triton torchvision` on the stack example, once."""
     root = tmp_path_factory.mktemp("stack")
     config = stack_config(root)
     start = time.monotonic()
-    proc = nox(config, "pytorch", "triton")
-    print(f"fresh build of minitorch + minitriton: {time.monotonic() - start:.1f}s")
+    proc = nox(config, "pytorch", "triton", "torchvision")
+    print(f"fresh build of minitriton + minitorch + minivision: {time.monotonic() - start:.1f}s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root, config, Wheelhouse(root / "out" / "wheelhouse"), proc
 
@@ -97,7 +101,10 @@ def test_torch_version_is_pytorch_build_version_and_its_triton_pin_is_dropped(st
     assert record["env"]["PYTORCH_BUILD_VERSION"] == "0.1.0+rocm5.2"
     assert record["env"]["USE_ROCM"] == "1" and record["env"]["USE_CUDA"] == "0"
     short = commit_of(root / "repos" / "minitriton")[:8]
-    assert read_metadata(torch.path).get_all("Requires-Dist") is None
+    # Our triton, exactly, written by torch's own build (PYTORCH_EXTRA_INSTALL_REQUIREMENTS): no edit.
+    assert read_metadata(torch.path).get_all("Requires-Dist") == [f"triton==0.3.0+git{short}"]
+    assert record["env"]["PYTORCH_EXTRA_INSTALL_REQUIREMENTS"] == f"triton==0.3.0+git{short}"
+    assert record["exact_pins"] == {"triton": f"==0.3.0+git{short}"} and record["pins_added"] == []
     assert record["dropped_requirements"] == [TRITON_REQUIREMENT.format(short=short)]
 
 
@@ -166,9 +173,10 @@ def test_adding_our_triton_rebuilds_torch_without_its_triton_pin(tmp_path):
     assert read_metadata(torch.path).get_all("Requires-Dist") == [TRITON_REQUIREMENT.format(short=short)]
     proc = nox(stack_config(tmp_path), "pytorch")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "pytorch: rebuilding, changed: dropped" in proc.stderr
+    (changed,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("pytorch: rebuilding, changed: ")]
+    assert "dropped" in changed.split(": ", 2)[2].split(", ")
     (torch,) = house.find("torch")
-    assert read_metadata(torch.path).get_all("Requires-Dist") is None
+    assert read_metadata(torch.path).get_all("Requires-Dist") == [f"triton==0.3.0+git{short}"]
 
 
 @pytest.mark.slow
@@ -186,18 +194,12 @@ def test_without_a_version_torch_names_itself_and_the_label_is_still_added(tmp_p
 @pytest.mark.slow
 def test_both_wheels_install_together_and_verify_passes(stack, tmp_path):
     _root, config, house, _proc = stack
-    python = venv_with(tmp_path, "--index", house.simple.as_uri(), "torch", "triton")
-    out = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import torch, triton; print(torch.version.__version__, torch.answer(), triton.llvm_hash())",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.split() == ["0.1.0+rocm5.2", "42", "a1b2c3d4"]
+    # Asking for torchvision alone: its exact pin brings our torch, whose pin brings our triton.
+    python = venv_with(tmp_path, "--index", house.simple.as_uri(), "torchvision")
+    code = "import torch, triton, torchvision; print(torch.version.__version__, torch.answer(), "
+    code += "triton.llvm_hash(), torchvision.__version__, torchvision.answer())"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0.1.0+rocm5.2", "42", "a1b2c3d4", "0.2.0+rocm5.2", "43"]
     verify = ["verify", "--python", str(python), "--wheelhouse", str(house.root), "--no-gpu", "--json"]
     proc = subprocess.run(
         [sys.executable, "-m", "rocmforge", *verify],
@@ -210,9 +212,50 @@ def test_both_wheels_install_together_and_verify_passes(stack, tmp_path):
     checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
     assert {c["status"] for c in checks.values()} == {"ok"}
     assert "installed: triton 0.3.0+git" in checks["torch ↔ Triton"]["detail"]
-    assert {"one Triton", "pip check", "import torch", "import triton"} <= set(checks)
+    assert {"one Triton", "pip check", "import torch", "import triton", "import torchvision"} <= set(checks)
+    assert checks["torch pins"]["detail"].startswith("triton==0.3.0+git")
+    assert checks["torchvision pins"]["detail"] == "torch==0.1.0+rocm5.2 (installed 0.1.0+rocm5.2)"
     (torch,) = house.find("torch")
     assert "(gfx90a); all cover gfx90a" in checks[f"archs: {torch.path.name}"]["detail"]
+
+
+@pytest.mark.slow
+def test_torchvision_is_built_against_our_torch_and_pins_it_exactly(stack):
+    root, _config, house, _proc = stack
+    (vision,) = house.find("torchvision")
+    assert vision.version == "0.2.0+rocm5.2"  # BUILD_VERSION: no relabelling after the build
+    record = record_of(vision.path)
+    env = record["env"]
+    assert (env["BUILD_VERSION"], env["PYTORCH_VERSION"], env["FORCE_CUDA"]) == (
+        "0.2.0+rocm5.2",
+        "0.1.0+rocm5.2",
+        "1",
+    )
+    # torchvision's own PYTORCH_VERSION switch wrote the exact pin; nothing was edited afterwards.
+    assert read_metadata(vision.path).get_all("Requires-Dist") == ["torch==0.1.0+rocm5.2"]
+    assert record["exact_pins"] == {"torch": "==0.1.0+rocm5.2"} and record["pins_added"] == []
+    log = (root / "out" / "logs" / "torchvision.log").read_text()
+    venv_torch = root / "out" / "torchvision" / "venv"
+    assert "-DWITH_HIP" in log and f"-I{venv_torch}" in log and "site-packages/torch/include" in log
+    # FORCE_CUDA: the GPU operators are there although this build box has no GPU.
+    report = inspect.inspect_paths([vision.path], ("gfx90a",))
+    (gpu,) = [f for f in report.files if f.bundles]
+    assert gpu.member.endswith("torchvision/lib/libvision_hip.so") and gpu.archs == ["gfx90a"]
+
+
+@pytest.mark.slow
+def test_without_force_cuda_a_gpu_less_box_builds_torchvision_without_gpu_operators(tmp_path):
+    """What vLLM's Dockerfile (no FORCE_CUDA, no GPU in `docker build`) gets from torchvision."""
+    config = stack_config(tmp_path)
+    source = "[packages.torchvision.source]"
+    config.write_text(
+        config.read_text().replace(source, f"[packages.torchvision.options]\nforce_cuda = false\n\n{source}")
+    )
+    proc = nox(config, "torchvision")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (vision,) = Wheelhouse(tmp_path / "out" / "wheelhouse").find("torchvision")
+    assert "FORCE_CUDA" not in record_of(vision.path)["env"]
+    assert not [f for f in inspect.inspect_paths([vision.path], ("gfx90a",)).files if f.bundles]
 
 
 @pytest.mark.slow
@@ -220,9 +263,9 @@ def test_rerun_is_a_no_op(stack):
     _root, config, house, _proc = stack
     before = {e.path.name: e.path.stat().st_mtime_ns for e in house.entries()}
     start = time.monotonic()
-    proc = nox(config, "pytorch", "triton")
+    proc = nox(config, "pytorch", "triton", "torchvision")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count(": up to date (") == 2
+    assert proc.stderr.count(": up to date (") == 3
     assert {e.path.name: e.path.stat().st_mtime_ns for e in house.entries()} == before
     assert time.monotonic() - start < 10
 
@@ -232,6 +275,7 @@ def test_stack_example_pins_what_make_repos_creates(tmp_path):
     commits = _make_repos(tmp_path)
     cfg = load_config(EXAMPLES / "stack.toml", environ={})
     assert cfg.package("pytorch").source.commit == commits["minitorch"]
+    assert cfg.package("torchvision").source.commit == commits["minivision"]
     assert cfg.package("triton").source.commit is None and cfg.package("triton").pin_from == "pytorch"
     shown = subprocess.run(
         ["git", "show", f"HEAD:{PYTORCH_TRITON_COMMIT}"],

@@ -447,3 +447,48 @@ def test_cuda_build_in_a_rocm_environment_is_named_with_its_origin(tmp_path, htt
             else "a package index (PyPI unless pip/uv were configured otherwise)"
         )
         assert f"; installed by uv from {where}. Install its ROCm build" in bad.detail
+
+
+def test_a_package_built_for_fewer_archs_is_held_to_those(tmp_path, objects):
+    """aiter is built for gfx942/gfx950 only: its wheel must not fail for lacking gfx90a."""
+    aiter = make_wheel(
+        tmp_path,
+        "aiter",
+        "0.1.26",
+        {"aiter/__init__.py": "", "aiter/jit/module.so": objects["gfx90a"].read_bytes()},
+        provenance={"package": "aiter"},
+    )
+    both = ("gfx908", "gfx90a")
+    (whole,) = verify.coverage_checks([aiter], both)
+    assert whole.status == "fail" and whole.detail.endswith("lacks gfx908")
+    (narrowed,) = verify.coverage_checks([aiter], both, {"aiter": ("gfx90a",)})
+    assert narrowed.status == "ok" and narrowed.detail.endswith("all cover gfx90a")
+    cfg = load_config(ROOT / "build_config.toml", environ={})
+    assert verify.package_archs(cfg) == {
+        "flash_attn": ("gfx90a", "gfx942", "gfx950"),
+        "aiter": ("gfx942", "gfx950"),
+    }
+
+
+def test_a_wheel_swapped_under_an_exact_pin_fails(tmp_path, objects):
+    root = wheelhouse(tmp_path, objects)
+    vision = make_wheel(
+        tmp_path / "build",
+        "torchvision",
+        "0.28.0+rocm7.2",
+        {"torchvision/__init__.py": ""},
+        requires=[f"torch=={TORCH}"],
+        provenance={"package": "torchvision", "exact_pins": {"torch": f"=={TORCH}"}},
+    )
+    Wheelhouse(root).publish(vision)
+    python, wheels = verify.fresh_venv(tmp_path / "venv", root, sys.executable, offline=True)
+    checks = {c.name: c for c in verify.run(python, archs=("gfx90a",), wheels=wheels, gpu=False)}
+    assert checks["torchvision pins"].status == "ok"
+    assert checks["torchvision pins"].detail == f"torch=={TORCH} (installed {TORCH})"
+    # A later install replaces torch without a word from the installer (--no-deps, or pip's
+    # --force-reinstall of another build): the pin names what torchvision was built against.
+    other = make_wheel(tmp_path, "torch", "2.13.0+rocm7.1", {"torch/__init__.py": ""})
+    subprocess.run(["uv", "pip", "install", "-q", "--python", python, "--no-deps", str(other)], check=True)
+    checks = {c.name: c for c in verify.run(python, archs=("gfx90a",), wheels=wheels, gpu=False)}
+    assert checks["torchvision pins"].status == "fail"
+    assert checks["torchvision pins"].detail == f"torch=={TORCH} (installed 2.13.0+rocm7.1)"
