@@ -13,8 +13,10 @@ For a package ``NAME`` (``nox -s NAME``), in order:
 5. the recipe's steps and the build, with live progress and a full log under ``logs_dir``;
    on failure the lines that matter, the log path, the diagnosis when one is known, and one
    retry when the diagnosis has a retry plan;
-6. wheel fixups (dropped ``Requires-Dist``, local version label, provenance) and publication to
-   the wheelhouse. Only a successful build publishes, so a failure leaves no wheel behind.
+6. wheel fixups (dropped ``Requires-Dist``, local version label, provenance), written
+   deterministically (:func:`rocmforge.wheelfile.rewrite_wheel`, dated ``SOURCE_DATE_EPOCH``),
+   and publication to the wheelhouse with the provenance statement next to the wheel. Only a
+   successful build publishes, so a failure leaves no wheel behind.
 
 A ``[prebuilt]`` package skips 2-5: its wheel is downloaded instead.
 """
@@ -61,6 +63,10 @@ SHAPING_VARIABLES = (
     "HIPFLAGS",
     "HIPCC_COMPILE_FLAGS_APPEND",
 )
+# Variables rocmforge sets that change how fast a build runs or where this builder keeps its
+# tools (whose versions are recorded), never what it produces: they go to the provenance
+# statement, not into the wheel, whose bytes must not depend on the host's cores or paths.
+HOST_VARIABLES = ("MAX_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL", "PATH", "VIRTUAL_ENV")
 STATE_FILE = "state.json"  # <work_dir>/<pkg>/state.json: what the published wheel was built from
 
 _facts_cache: list = []
@@ -133,16 +139,12 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     # compiled code; the rest of the caller's environment (PATH of this shell, ...) must not
     # force a rebuild. The build itself runs in the caller's whole environment.
     # The compile cache's variables are left out too: a cache hit is the object the compiler
-    # would have made, and a store's endpoint may carry a password.
+    # would have made, and a store's endpoint may carry a password. So are HOST_VARIABLES.
+    epoch = checkout.source_date_epoch
     shaping = {k: os.environ[k] for k in SHAPING_VARIABLES if k in os.environ}
-    own_env = {
-        key: value
-        for key, value in {
-            **shaping,
-            **buildenv.build_environment(cfg, name, facts, base_env=shaping, ctx=ctx, cache=False),
-        }.items()
-        if not compile_cache.is_cache_variable(key)
-    }
+    own_env = shaping_env(
+        {**shaping, **buildenv.build_environment(cfg, name, facts, base_env=shaping, ctx=ctx, cache=False)}
+    )
     requirements = venv_requirements(recipe, ctx)
     inputs = {
         "rocmforge": __version__,
@@ -190,7 +192,9 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     killpoints.reached("venv", name)
     env = {**os.environ, **buildenv.build_environment(cfg, name, facts, base_env=dict(os.environ), ctx=ctx)}
     retries: list[str] = []
+    started = time.time()
     env = compile_cache.begin(cfg, env, work / "compile-cache.log")
+    first_env = dict(env)
     while True:
         failed = _run_steps(name, recipe, ctx, project_dir, env, log)
         if failed is None:
@@ -213,26 +217,39 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
 
     built = _single_wheel(dist, name, log)
     killpoints.reached("built", name)
+    # A retry's remedy (-O3 -> -O2) shapes the bytes: the record says what the build really used.
+    retried = {k: v for k, v in env.items() if first_env.get(k) != v}
     record = {
         "package": name,
         "version": wheel_name(built).version,
+        "recipe": recipe.name,
+        "local_version": pkg.local_version,
+        "options": dict(pkg.options),
         "source": {
             "kind": checkout.kind,
             "url": checkout.url,
+            "name": pkg.source.name,
             "commit": checkout.commit,
             "sha256": checkout.sha256,
             "version": checkout.version,
+            "subdir": pkg.source.subdir,
             "submodules": dict(checkout.submodules),
             "pinned_by": _pinned_by(cfg, pkg, checkout.commit),
         },
+        "source_date_epoch": epoch,
         "patches": [{"file": f, "sha256": s} for f, s in checkout.patches],
-        "retries": retries,
-        "compile_cache": cache_stats.to_record() if cache_stats else None,
         "dependencies": inputs["dependencies"],
-        **_common_record(cfg, facts, own_env, fingerprint, pkg),
+        **_common_record(cfg, facts, {**own_env, **shaping_env(retried)}, fingerprint, pkg),
     }
-    wheel = _fixup(ctx, recipe, built, work / "out", record)
+    wheel, record = _fixup(ctx, recipe, built, work / "out", record, epoch=epoch)
     killpoints.reached("fixed", name)
+    byproducts = [{"name": "retry", "annotations": {"note": note}} for note in retries]
+    if cache_stats is not None:
+        byproducts.append({"name": "compile cache", "annotations": cache_stats.to_record()})
+    elif cache_line:
+        byproducts.append({"name": "compile cache", "annotations": {"note": cache_line}})
+    host_env = {k: env[k] for k in HOST_VARIABLES if k in env}
+    _attest(cfg, wheel, record, started, internal={"env": host_env}, byproducts=byproducts)
     entry = house.publish(wheel)
     killpoints.reached("published", name)
     _write_state(work, fingerprint, inputs, entry)
@@ -279,6 +296,7 @@ def _report_failure(name: str, result: buildlog.StepResult, diagnosis=None) -> N
 def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: float) -> Result:
     """Download ``[prebuilt]``'s wheel into the wheelhouse instead of building."""
     pre = pkg.prebuilt
+    start_wall = time.time()
     inputs = {
         "rocmforge": __version__,
         "requirement": pre.requirement,
@@ -334,7 +352,8 @@ def _prebuilt(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, start: f
     ctx = _prebuilt_context(cfg, pkg)
     recipe = recipes.get(pkg.recipe)
     if drop_requirements(read_metadata(original), recipe.dropped_requirements(ctx)):
-        wheel = _fixup(ctx, recipe, original, work / "out", record)
+        wheel, record = _fixup(ctx, recipe, original, work / "out", record, epoch=None)
+        _attest(cfg, wheel, record, start_wall, internal={}, byproducts=[])
     else:
         # Nothing to fix: publish the vendor's bytes, whose sha256 the vendor's index vouches for.
         wheel = original
@@ -361,10 +380,14 @@ def _index_args(index: str | None) -> list[str]:
     return ["--no-index", "--find-links", str(path)]
 
 
-def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -> Path:
-    """The published form of ``wheel``: repaired by auditwheel, build-host RUNPATHs removed,
-    requirements dropped, our dependencies pinned exactly, label added, contract in METADATA,
-    provenance inside."""
+def _fixup(
+    ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict, *, epoch: int | None
+) -> tuple[Path, dict]:
+    """The published form of ``wheel`` and the record inside it: repaired by auditwheel,
+    build-host RUNPATHs removed, requirements dropped, our dependencies pinned exactly, label
+    added, contract in METADATA, provenance inside. Our wheel writer writes last, every member
+    dated ``epoch`` (the source's SOURCE_DATE_EPOCH), so the bytes are reproducible whatever
+    the repair tool did to the zip."""
     pins = ctx.pins
     dropped_projects = _dropped_projects(recipe, ctx)
     portable = contract.prepare(
@@ -402,12 +425,38 @@ def _fixup(ctx: recipes.Context, recipe, wheel: Path, out: Path, record: dict) -
         portable.wheel,
         out,
         edit_metadata=edit,
-        add_files={provenance.FILENAME: (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()},
+        add_files={provenance.FILENAME: provenance.record_bytes(record)},
         version=version if version != wheel_name(wheel).version else None,
         replace_files=portable.replaced,
+        epoch=epoch,
     )
     _remove(out.parent / "contract")
-    return published
+    return published, record
+
+
+def _attest(
+    cfg: Config, wheel: Path, record: dict, started: float, *, internal: dict, byproducts: list
+) -> None:
+    """Write the provenance statement next to the finished ``wheel`` (where and when it was
+    built); :meth:`Wheelhouse.publish` moves it into the wheelhouse with the wheel."""
+    stmt = provenance.statement(
+        wheel.name,
+        file_sha256(wheel),
+        record,
+        started=started,
+        finished=time.time(),
+        internal=internal,
+        byproducts=byproducts,
+    )
+    provenance.write_statement(wheel, stmt, signing_key=cfg.build.signing_key)
+
+
+def shaping_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a build environment that can change the wheel's bytes: no compile-cache
+    variables (a hit is the object the compiler would make), no parallelism, no tool paths."""
+    return {
+        k: v for k, v in env.items() if not compile_cache.is_cache_variable(k) and k not in HOST_VARIABLES
+    }
 
 
 def _dropped_projects(recipe, ctx: recipes.Context) -> set[str]:
@@ -423,8 +472,6 @@ def _common_record(cfg: Config, facts, env: Mapping[str, str], fingerprint: str,
         "compilers": compilers_used(env, facts) if facts is not None else {},
         "opt_level": cfg.build.opt_level,
         "env": dict(env),
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": platform.node(),
         "python": python_version(cfg),
         "fingerprint": fingerprint,
         "rocmforge": __version__,

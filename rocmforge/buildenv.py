@@ -114,10 +114,12 @@ def build_environment(
     ``base_env`` is the environment the build starts from (default: the one recorded in
     ``facts``); PATH-like variables extend it. With the recipe context ``ctx`` (what the build
     passes, and ``env PKG``) the recipe's variables follow (``VLLM_TARGET_DEVICE``, ...) and the
-    build venv comes first on PATH: everything the build gets. The package's ``env`` table is
-    merged last, so a package can override anything. ``cache=False`` leaves the compile
-    cache out (``CC``/``CXX`` name the real compilers): what a build's fingerprint and provenance
-    record.
+    build venv comes first on PATH: everything the build gets. The checkout's date
+    (:attr:`rocmforge.sources.Checkout.source_date_epoch`, its commit time) becomes
+    ``SOURCE_DATE_EPOCH``, which setuptools, CMake, compilers (``__DATE__``/``__TIME__``) and
+    our own wheel writer use instead of the clock. The package's ``env`` table is merged last,
+    so a package can override anything. ``cache=False`` leaves the compile cache out
+    (``CC``/``CXX`` name the real compilers): what a build's fingerprint and provenance record.
     """
     package = cfg.package(package_name)
     base = dict(facts.environ if base_env is None else base_env)
@@ -163,6 +165,9 @@ def build_environment(
     if cache:
         compilers = {"CC": cc, "CXX": cxx}
         env.update(compile_cache.launcher_env(cfg, facts, compilers=compilers, rocm_root=rocm_root))
+    epoch = getattr(ctx.checkout, "source_date_epoch", None) if ctx is not None else None
+    if epoch is not None:
+        env["SOURCE_DATE_EPOCH"] = str(epoch)
     if ctx is not None:
         env.update(recipes.get(package.recipe).environment(ctx, {**base, **env}))
         # The venv's tools (cmake, ninja from the build requirements) run before the host's.

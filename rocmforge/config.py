@@ -8,6 +8,7 @@ override is recorded in ``Config.overrides`` so sessions can say so:
 - ``PYTORCH_ROCM_ARCH``: ``build.arch`` (semicolon-separated);
 - ``MAX_JOBS``: ``build.jobs``;
 - ``ROCMFORGE_CACHE``: ``build.cache_dir``;
+- ``ROCMFORGE_SIGNING_KEY``: ``build.signing_key``;
 - ``ROCMFORGE_COMPILE_CACHE`` / ``ROCMFORGE_COMPILE_CACHE_BACKEND``: ``build.compile_cache``
   (tool) and ``build.compile_cache.backend``; sccache's and ccache's own endpoint variables
   (``SCCACHE_REDIS_ENDPOINT``, ``SCCACHE_BUCKET``, ...) override the store's url and bucket.
@@ -178,6 +179,7 @@ class Build:
     cache_dir: Path
     cache_store: CacheStore = CacheStore()  # where compile_cache keeps objects
     retry: tuple[str, ...] = ()  # diagnosis categories retried once with their remedy
+    signing_key: Path | None = None  # OpenSSH private key that signs provenance statements
 
 
 @dataclass(frozen=True)
@@ -617,6 +619,20 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
     else:
         cache_dir = t.get("cache_dir", str, cache_default)
     compile_cache, cache_store = _compile_cache(t, root, environ, notes)
+    signing_key = t.get("signing_key", str)
+    signing_key_via = t.key("signing_key")
+    if environ.get("ROCMFORGE_SIGNING_KEY"):
+        notes.append(
+            f"ROCMFORGE_SIGNING_KEY={environ['ROCMFORGE_SIGNING_KEY']!r} overrides {signing_key_via}"
+        )
+        signing_key, signing_key_via = environ["ROCMFORGE_SIGNING_KEY"], "ROCMFORGE_SIGNING_KEY"
+    if signing_key is not None:
+        signing_key = _path(root, signing_key)
+        if not signing_key.is_file():
+            raise UserError(
+                f"{signing_key_via}: {signing_key} is not a file; point it at an OpenSSH private key "
+                "(e.g. made by `ssh-keygen -t ed25519 -N '' -f rocmforge-signing`) or remove it"
+            )
     fields = dict(
         backend=backend,
         cuda_arch=_cuda_archs(t),
@@ -631,6 +647,7 @@ def _build(t: _Table, root: Path, environ: Mapping[str, str], notes: list[str]) 
         cache_dir=_path(root, cache_dir),
         cache_store=cache_store,
         retry=_retry(t),
+        signing_key=signing_key,
     )
     t.done()
     # The arch list is checked after the table's keys: a typo such as `archs = [...]` must get

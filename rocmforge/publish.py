@@ -23,6 +23,7 @@ from packaging.version import Version
 
 from rocmforge.console import console
 from rocmforge.errors import UserError
+from rocmforge.provenance import statement_path
 from rocmforge.wheelhouse import Entry, Wheelhouse
 
 ARTIFACT_RE = re.compile(r"^wheelhouse-(?P<archs>[A-Za-z0-9_.-]+?)--py(?P<python>[0-9]+\.[0-9]+)$")
@@ -34,7 +35,8 @@ def publish(artifacts: Path, site: Path, release: str) -> dict[str, list[Entry]]
 
     Returns the published entries per arch set. A wheel name built by several Python cells
     (an abi3 or pure-Python wheel) is taken from the oldest Python, which every newer one can
-    load; the bytes differ between cells because builds are not bit-reproducible.
+    load; the bytes differ between cells because each records the Python it was built with.
+    Each wheel's provenance statement (``<wheel>.intoto.json``) is published beside it.
     """
     if not _RELEASE_RE.match(release) or release == "latest":
         raise UserError(f"--release: {release!r} must be letters, digits, '.', '_' or '-' (not 'latest')")
@@ -62,6 +64,8 @@ def _publish_set(cells: list[tuple[Version, Path]], root: Path, release: str) ->
         for wheel in wheels:
             if not (staging / wheel.name).exists():
                 shutil.copyfile(wheel, staging / wheel.name)
+                if statement_path(wheel).is_file():
+                    shutil.copyfile(statement_path(wheel), statement_path(staging / wheel.name))
     entries = Wheelhouse(staging).reindex()
     os.replace(staging, dest)
     link = root / ".latest.partial"

@@ -19,6 +19,7 @@ export made by ``nox -s export``) never touches the network and names what is mi
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import fnmatch
 import hashlib
@@ -55,7 +56,7 @@ from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, 
 # Seconds to wait before each retry of a network operation; the last failure is reported.
 RETRY_DELAYS: tuple[float, ...] = (2.0, 5.0, 15.0)
 BUNDLE_ENV = "ROCMFORGE_OFFLINE_BUNDLE"
-STAMP_VERSION = 1
+STAMP_VERSION = 2
 _HEX_RE = re.compile(r"^[0-9a-f]{7,40}$")
 # git's messages for a connection that failed or broke: worth a retry, unlike a refused request.
 _TRANSIENT_RE = re.compile(
@@ -93,6 +94,9 @@ class Checkout:
     version: str | None
     submodules: Mapping[str, str] = field(default_factory=dict)  # path in tree -> commit
     patches: tuple[tuple[str, str], ...] = ()  # (patch file, sha256) in effect, in order
+    # When the source was made (commit time; newest member of an archive): the build's
+    # SOURCE_DATE_EPOCH, so timestamps inside the wheel come from the source, not the clock.
+    source_date_epoch: int | None = None
 
     def fingerprint(self) -> str:
         """A hash of everything that defines the source: commit, submodules, archive, patches."""
@@ -119,6 +123,7 @@ class Checkout:
             "version": self.version,
             "submodules": dict(sorted(self.submodules.items())),
             "patches": [list(p) for p in self.patches],
+            "source_date_epoch": self.source_date_epoch,
         }
 
     @classmethod
@@ -135,6 +140,7 @@ class Checkout:
             version=d["version"],
             submodules=MappingProxyType(dict(d["submodules"])),
             patches=tuple((f, s) for f, s in d["patches"]),
+            source_date_epoch=d.get("source_date_epoch"),
         )
 
 
@@ -303,6 +309,7 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
         _materialize(tree, root)
         base_commit, url, sha256 = root.commit, src.url, None
         submodules = {r.path: r.commit for r in _walk(root) if r.path}
+        epoch = commit_time(root.commit, git_dir=root.mirror)
     else:
         if src.kind == "rocm":
             url, digest = key["url"], key["sha256"]
@@ -336,6 +343,8 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
         else:
             _reset(tree, base_commit)
         commit, sha256, submodules = None, digest, {}
+        # A ROCm install has no date of its own to give; an archive has its members'.
+        epoch = None if src.kind == "rocm" else archive_time(archive, what=pkg.name)
     applied = patchmod.apply(plan, tree)
     checkout = Checkout(
         package=pkg.name,
@@ -348,11 +357,38 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
         version=pin.version,
         submodules=MappingProxyType(dict(sorted(submodules.items()))),
         patches=tuple((s.file, s.sha256) for s in applied),
+        source_date_epoch=epoch,
     )
     atomic_write(
         stamp_path, json.dumps({"key": key, "base": base_commit, "checkout": checkout.to_json()}, indent=1)
     )
     return checkout
+
+
+def commit_time(commit: str, *, git_dir: Path | None = None, cwd: Path | None = None) -> int:
+    """The committer time of ``commit`` in seconds since 1970 (what ``git log --format=%ct`` says)."""
+    return int(git.run(["show", "-s", "--format=%ct", commit], git_dir=git_dir, cwd=cwd).stdout.strip())
+
+
+def archive_time(archive: Path, *, what: str) -> int | None:
+    """The newest modification time among ``archive``'s members (an sdist's build time).
+
+    setuptools, hatchling and flit stamp sdist members with the time they were made (or
+    with their own SOURCE_DATE_EPOCH), so this is the archive's own date, the same on every
+    machine, where the file's mtime in our cache would be the download's.
+    """
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                stamps = [calendar.timegm((*i.date_time, 0, 0, 0)) for i in zf.infolist()]
+        else:
+            with tarfile.open(archive) as tf:
+                stamps = [int(m.mtime) for m in tf.getmembers()]
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise UserError(
+            f"{what}: {archive.name} is not a readable archive ({exc}); check the url and sha256"
+        ) from None
+    return max(stamps, default=None)
 
 
 def _remove_leftovers(tree: Path) -> None:
@@ -1125,6 +1161,7 @@ def _local_tree(pkg: Package, src: Source) -> Checkout:
     commit = None
     if git.run(["rev-parse", "--git-dir"], cwd=src.path, check=False).returncode == 0:
         commit = git.run(["rev-parse", "HEAD"], cwd=src.path).stdout.strip()
+    epoch = commit_time(commit, cwd=src.path) if commit else None
     return Checkout(
         package=pkg.name,
         path=src.path,
@@ -1136,6 +1173,7 @@ def _local_tree(pkg: Package, src: Source) -> Checkout:
         version=pkg.version,
         submodules=MappingProxyType({}),
         patches=(),
+        source_date_epoch=epoch,
     )
 
 

@@ -4,6 +4,14 @@ A rewrite is the one way rocmforge changes a built wheel: metadata edits (droppi
 ``Requires-Dist``), extra ``.dist-info`` files (provenance) and a local version label. Every
 member's hash and size in ``RECORD`` is recomputed, so pip and uv install the result without
 complaint.
+
+:func:`rewrite_wheel` is also the last writer of every wheel rocmforge publishes, and it writes
+deterministically: members in a fixed order (package files by name, then ``.dist-info``, RECORD
+last), one timestamp for all (``SOURCE_DATE_EPOCH`` of the source), normalised permissions and
+no zip extras. The same members give the same bytes on any machine, at any path, at any time,
+which is what lets ``python -m rocmforge rebuild-check`` compare sha256s. A step that changes a
+wheel after the build (a repair tool) should finish with ``rewrite_wheel(wheel, wheel.parent,
+epoch=...)`` so the published bytes stay reproducible.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import io
 import os
 import re
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +32,9 @@ from email.parser import Parser
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
+
+# The earliest time a zip entry can hold (1980-01-01T00:00:00Z); older epochs are clamped to it.
+ZIP_EPOCH_MIN = 315532800
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,7 @@ def rewrite_wheel(
     add_files: dict[str, bytes] | None = None,
     version: str | None = None,
     replace_files: dict[str, Path] | None = None,
+    epoch: int | None = None,
 ) -> Path:
     """Write a changed copy of wheel ``src`` into ``dest_dir`` and return its path.
 
@@ -140,12 +153,18 @@ def rewrite_wheel(
     ``Version``; ``replace_files`` maps member names to files on disk whose bytes replace
     them (an ELF member patchelf rewrote). RECORD is regenerated from the final members.
     Members are streamed, so a multi-gigabyte wheel does not have to fit in memory.
+    ``dest_dir`` may be ``src``'s own directory: the result replaces ``src`` atomically.
+
+    The output is deterministic (see the module docstring): every member gets the time
+    ``epoch`` (seconds since 1970, e.g. ``SOURCE_DATE_EPOCH``; default 1980-01-01, the zip
+    minimum), mode 0644 or 0755 (executable when any x bit was set in ``src``).
     """
     src, dest_dir = Path(src), Path(dest_dir)
     name = wheel_name(src)
     new_version = version or name.version
     old_ver, new_ver = _escape_version(name.version), _escape_version(new_version)
     target = dest_dir / name.filename.replace(f"-{old_ver}-", f"-{new_ver}-", 1)
+    stamp = zip_date_time(epoch)
     dest_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=dest_dir)
     os.close(fd)
@@ -160,35 +179,61 @@ def rewrite_wheel(
                 metadata.replace_header("Version", new_version)
             extra = {f"{new_info}/{k}": v for k, v in (add_files or {}).items()}
             extra[f"{new_info}/METADATA"] = metadata.as_string().encode()
-            rows = []
+            copied = {}
             for info in zf.infolist():
                 arcname = info.filename
                 if arcname.startswith(f"{old_info}/"):
                     arcname = new_info + arcname[len(old_info) :]
                 if info.is_dir() or arcname == f"{new_info}/RECORD" or arcname in extra:
                     continue
-                # Keep each member's ZipInfo (permissions of executables and .so files).
-                info.filename = arcname
+                copied[arcname] = info
+            rows = []
+            for arcname in sorted([*copied, *extra], key=lambda n: (n.startswith(f"{new_info}/"), n)):
+                if arcname in extra:
+                    data = extra[arcname]
+                    dst.writestr(_member_info(arcname, stamp, executable=False), data)
+                    rows.append(_record_row(arcname, hashlib.sha256(data), len(data)))
+                    continue
+                old = copied[arcname]
+                info = _member_info(arcname, stamp, executable=bool((old.external_attr >> 16) & 0o111))
+                info.file_size = old.file_size  # decides zip64 up front, as the source did
                 digest, size = hashlib.sha256(), 0
-                source = replace_files.get(info.orig_filename) if replace_files else None
-                opened = open(source, "rb") if source else zf.open(info.orig_filename)  # noqa: SIM115
+                source = replace_files.get(old.filename) if replace_files else None
+                if source:  # its size decides zip64 instead of the member's it replaces
+                    info.file_size = Path(source).stat().st_size
+                opened = open(source, "rb") if source else zf.open(old)  # noqa: SIM115
                 with opened as fin, dst.open(info, "w") as fout:
                     for chunk in iter(lambda: fin.read(1 << 20), b""):
                         digest.update(chunk)
                         size += len(chunk)
                         fout.write(chunk)
                 rows.append(_record_row(arcname, digest, size))
-            for arcname, data in extra.items():
-                dst.writestr(arcname, data)
-                rows.append(_record_row(arcname, hashlib.sha256(data), len(data)))
             buf = io.StringIO()
             csv.writer(buf, lineterminator="\n").writerows([*rows, (f"{new_info}/RECORD", "", "")])
-            dst.writestr(f"{new_info}/RECORD", buf.getvalue())
+            dst.writestr(_member_info(f"{new_info}/RECORD", stamp, executable=False), buf.getvalue())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def zip_date_time(epoch: int | None) -> tuple[int, int, int, int, int, int]:
+    """The zip timestamp (UTC) of ``epoch`` seconds, clamped to the zip format's 1980 minimum.
+
+    Zip stores even seconds only, so an odd epoch is rounded down, as every zip tool does.
+    """
+    seconds = ZIP_EPOCH_MIN if epoch is None else max(int(epoch), ZIP_EPOCH_MIN)
+    return time.gmtime(seconds)[:6]
+
+
+def _member_info(arcname: str, stamp: tuple, *, executable: bool) -> zipfile.ZipInfo:
+    """A ZipInfo that depends on nothing but its arguments (no host, umask or clock)."""
+    info = zipfile.ZipInfo(arcname, date_time=stamp)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.create_system = 3  # Unix, so the mode bits below are honoured by installers
+    info.external_attr = (0o100755 if executable else 0o100644) << 16
+    return info
 
 
 def _record_row(arcname: str, digest, size: int) -> tuple[str, str, str]:

@@ -4,8 +4,11 @@ Layout (``build.wheelhouse`` in the config)::
 
     wheelhouse/
       torch-2.13.0+rocm7.2-cp312-cp312-linux_x86_64.whl
+      torch-2.13.0+rocm7.2-cp312-cp312-linux_x86_64.whl.intoto.json   its provenance statement
       simple/index.html                 PEP 503 root: one link per project
-      simple/torch/index.html           one link per wheel, with a #sha256= fragment
+      simple/torch/index.html           one link per wheel, with a #sha256= fragment, and one
+                                        to its provenance statement (also the anchor's
+                                        data-provenance attribute, as in PEP 740)
       constraints.txt                   torch==2.13.0+rocm7.2, one exact pin per project
       stack.json                        what a node needs for these wheels (rocmforge.contract)
 
@@ -48,6 +51,7 @@ from rocmforge import contract, killpoints
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, read_json
+from rocmforge.provenance import statement_path
 from rocmforge.wheelfile import read_member, wheel_name
 
 _CURRENT = ".index"  # symlink -> the published generation directory
@@ -147,7 +151,9 @@ class Wheelhouse:
         """Add a finished wheel, replacing older wheels of the same project, in one switch.
 
         Refused (``UserError``) when the wheel was built against dependency wheels the
-        wheelhouse no longer holds; wheels built against the replaced one are withdrawn.
+        wheelhouse no longer holds; wheels built against the replaced one are withdrawn. The
+        wheel's provenance statement (``<wheel>.intoto.json`` beside it) comes along; a
+        statement of an earlier wheel of the same name does not, since it describes other bytes.
         """
         wheel = Path(wheel)
         name = wheel_name(wheel)
@@ -162,7 +168,13 @@ class Wheelhouse:
                 killpoints.reached("publish:copied", name.project)
                 new = _entry(wheel, Path(tmp), file_sha256(tmp))
                 keep = [e for e in self._checked() if e.project != name.project]
-                self._switch([*keep, new], new=new, names={Path(tmp).name: name.filename})
+                statement = statement_path(wheel)
+                self._switch(
+                    [*keep, new],
+                    new=new,
+                    names={Path(tmp).name: name.filename},
+                    statements={name.filename: statement} if statement.is_file() else {},
+                )
             finally:
                 Path(tmp).unlink(missing_ok=True)
             return Entry(new.project, new.version, self.root / name.filename, new.sha256, new.dependencies)
@@ -234,11 +246,18 @@ class Wheelhouse:
         return result
 
     def _switch(
-        self, entries: list[Entry], *, new: Entry | None = None, names: Mapping[str, str] = {}
+        self,
+        entries: list[Entry],
+        *,
+        new: Entry | None = None,
+        names: Mapping[str, str] = {},
+        statements: Mapping[str, Path] = {},
     ) -> None:
         """Stage a generation holding exactly ``entries``, then make it the visible one.
 
-        ``names`` renames files on the way in (a temp copy -> the wheel's own name).
+        ``names`` renames files on the way in (a temp copy -> the wheel's own name);
+        ``statements`` gives a wheel (by its name) a provenance statement from elsewhere; the
+        others keep the statement they have beside them.
         """
         entries = self._consistent(entries, new)
         project = new.project if new is not None else ""  # for the kill test's points
@@ -257,6 +276,9 @@ class Wheelhouse:
             for e in sorted(entries, key=lambda e: (e.project, e.path.name)):
                 target = stage / names.get(e.path.name, e.path.name)
                 _link_or_copy(e.path, target)
+                statement = statements.get(target.name) or statement_path(e.path)
+                if statement.is_file():
+                    _link_or_copy(statement, statement_path(target))
                 staged.append(Entry(e.project, e.version, target, e.sha256, e.dependencies))
             self._write_index(stage, staged)
             _fsync_dir(stage)
@@ -312,9 +334,7 @@ class Wheelhouse:
         for e in entries:
             by_project.setdefault(e.project, []).append(e)
         for project, items in by_project.items():
-            links = "\n".join(
-                _link(f"../../{quote(e.path.name)}#sha256={e.sha256}", e.path.name) for e in items
-            )
+            links = "\n".join(_wheel_links(e) for e in items)
             atomic_write(stage / "simple" / project / "index.html", _page(f"Links for {project}", links))
         root_links = "\n".join(_link(f"{p}/", p) for p in by_project)
         for writer in INDEX_WRITERS:
@@ -370,6 +390,23 @@ class Wheelhouse:
                 shutil.rmtree(path, ignore_errors=True)
             elif (name.startswith(".") and name.endswith(".tmp")) or name in _LEGACY:
                 path.unlink(missing_ok=True)
+
+
+def _wheel_links(e: Entry) -> str:
+    """The index lines of one wheel: the wheel, then its provenance statement when there is one.
+
+    The statement's URL is also the wheel anchor's ``data-provenance`` attribute (PEP 740's
+    place for it); pip and uv skip the statement's own link, which is not a distribution file.
+    """
+    href = f"../../{quote(e.path.name)}#sha256={e.sha256}"
+    statement = statement_path(e.path)
+    if not statement.is_file():
+        return _link(href, e.path.name)
+    stmt_href = f"../../{quote(statement.name)}"
+    return (
+        f'<a href="{html.escape(href)}" data-provenance="{html.escape(stmt_href)}">'
+        f"{html.escape(e.path.name)}</a><br>\n" + _link(stmt_href, statement.name)
+    )
 
 
 def _is_ours(path: Path) -> bool:

@@ -38,10 +38,16 @@ def _make_repos(dest: Path) -> dict[str, str]:
 
 
 def write_config(
-    root: Path, *, arch: str = "gfx90a", patched: bool = True, example: str = "fixtures.toml"
+    root: Path,
+    *,
+    arch: str = "gfx90a",
+    patched: bool = True,
+    example: str = "fixtures.toml",
+    repos: Path | None = None,
 ) -> Path:
-    """A copy of ``examples/<example>`` whose repos, caches and outputs all live under ``root``."""
-    repos = root / "repos"
+    """A copy of ``examples/<example>`` whose caches and outputs all live under ``root``, and its
+    repos too unless ``repos`` names where they are (two builders of the same upstream)."""
+    repos = repos or root / "repos"
     if not repos.is_dir():
         _make_repos(repos)
     shutil.copytree(EXAMPLES / "patches", root / "patches", dirs_exist_ok=True)
@@ -193,7 +199,7 @@ def test_pip_with_constraints_installs_the_same_wheels(built, tmp_path):
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    record = json.loads(out.stdout)
+    record = json.loads(out.stdout)["record"]
     assert record["patches"][0]["file"] == "0001-define-the-answer.patch"
 
 
@@ -215,7 +221,8 @@ def test_provenance_records_source_patches_and_toolchain(built):
         check=True,
         cwd=ROOT,
     )
-    record = json.loads(out.stdout)
+    shown = json.loads(out.stdout)
+    record = shown["record"]
     commit = subprocess.run(
         ["git", "rev-parse", "v1.0.0"], cwd=root / "repos" / "patchme", capture_output=True, text=True
     ).stdout.strip()
@@ -228,7 +235,25 @@ def test_provenance_records_source_patches_and_toolchain(built):
     assert record["arch"] == ["gfx90a"] and record["backend"] == "rocm"
     assert record["env"]["PYTORCH_ROCM_ARCH"] == "gfx90a"
     assert record["rocm_version"] and record["compilers"]
-    assert record["version"] == "1.0.0+rf" and record["retries"] == []
+    assert record["version"] == "1.0.0+rf"
+    # The source's commit time dates the build and every member of the wheel.
+    commit_time = subprocess.run(
+        ["git", "show", "-s", "--format=%ct", commit],
+        cwd=root / "repos" / "patchme",
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert record["env"]["SOURCE_DATE_EPOCH"] == commit_time == str(record["source_date_epoch"])
+    with zipfile.ZipFile(entry.path) as zf:
+        assert {i.date_time for i in zf.infolist()} == {time.gmtime(int(commit_time))[:6]}
+    # Where and when it was built is not in the wheel but in the statement beside it.
+    assert not {"built_at", "host", "retries"} & set(record)
+    stmt = shown["statement"]
+    assert stmt["subject"] == [{"name": entry.path.name, "digest": {"sha256": entry.sha256}}]
+    assert stmt["predicate"]["buildDefinition"]["externalParameters"] == record
+    assert stmt["predicate"]["runDetails"]["metadata"]["startedOn"].endswith("Z")
+    assert stmt["predicate"]["buildDefinition"]["internalParameters"]["env"]["MAX_JOBS"] == "2"
+    assert shown["signature"] == "unsigned"
 
 
 @pytest.mark.slow
@@ -459,8 +484,13 @@ def test_a_diagnosed_failure_is_retried_once_and_recorded(tmp_path):
         f'[packages.hungry.source]\nkind = "path"\npath = "{project}"\n'
     )
     result = build_package(load_config(config, environ={}), "hungry")
-    record = json.loads(read_member(result.wheel, "rocmforge.json"))
-    assert len(record["retries"]) == 1 and "MAX_JOBS 4 -> 2" in record["retries"][0]
+    from rocmforge.provenance import read_statement
+
+    stmt, _envelope = read_statement(result.wheel)
+    (retry,) = [b for b in stmt["predicate"]["runDetails"]["byproducts"] if b["name"] == "retry"]
+    assert "MAX_JOBS 4 -> 2" in retry["annotations"]["note"]
+    # Fewer jobs do not change the bytes: the wheel's own record does not mention them.
+    assert "MAX_JOBS" not in json.loads(read_member(result.wheel, "rocmforge.json"))["env"]
     log = (tmp_path / "out" / "logs" / "hungry.log").read_text()
     assert log.count("Killed signal terminated program cc1plus") == 1
 
