@@ -639,6 +639,15 @@ def _withdraw_stale(house: Wheelhouse, name: str, current: Path | None) -> None:
         console.print(f"{name}: removed {current.name} from the wheelhouse (built from other inputs)")
 
 
+def adopt_wheel(cfg: Config, name: str, wheel: Path) -> Path:
+    """Publish an existing ``wheel`` as package ``name``'s current build (its dependants then
+    build against exactly these bytes); a later ``nox -s NAME`` still rebuilds it, since no
+    fingerprint matches. ``rebuild-check`` seeds a fresh wheelhouse this way."""
+    entry = Wheelhouse(cfg.build.wheelhouse).publish(wheel)
+    _write_state(cfg.build.work_dir / name, f"adopted {entry.sha256}", {}, entry)
+    return entry.path
+
+
 def _write_state(work: Path, fingerprint: str, inputs: dict, entry) -> None:
     state = {
         "fingerprint": fingerprint,

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-node": ("rocmforge.node", "check a node against the wheelhouse's stack.json before installing"),
     "pins": ("rocmforge.pins", "print (or --write into a config) the stack a vLLM release pins"),
     "provenance": ("rocmforge.provenance", "print what a wheel (or installed package) was built from"),
+    "rebuild-check": ("rocmforge.rebuild", "rebuild a wheel from what it records and compare sha256s"),
     "cache": ("rocmforge.compile_cache", "show or zero the compile cache's statistics"),
     "publish": ("rocmforge.publish", "publish a nightly's wheelhouses as one index per arch set"),
     "bench": ("rocmforge.bench", "measure GEMM, bandwidth, Triton and vLLM on this GPU against its peak"),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import hashlib
 import itertools
 import json
 import mmap
@@ -608,6 +609,28 @@ def _elf_sections(src, base: int, end: int) -> list[_Section]:
         size = 0 if sh_type == _SHT_NOBITS else size
         sections.append(_Section(text, base + offset, size, holds_data, sh_type))
     return sections
+
+
+def elf_section_digests(data: bytes) -> dict[str, str] | None:
+    """sha256 of each section of a 64-bit little-endian ELF image, by section name (a repeated
+    name gets ``#2``, ``#3``...), plus ``(ELF and program headers)`` for the bytes before the
+    first section; None when ``data`` is not such an ELF. Comparing two builds' digests names
+    the sections that differ (``.text``, ``.rodata``, ``.note.gnu.build-id``...)."""
+    if not data.startswith(ELF_MAGIC):
+        return None
+    sections = _elf_sections(_Mapped(data), 0, len(data))
+    if not sections:
+        return None
+    digests: dict[str, str] = {}
+    first = min((s.offset for s in sections if s.size), default=len(data))
+    digests["(ELF and program headers)"] = hashlib.sha256(data[:first]).hexdigest()
+    for s in sections:
+        key, n = s.name or "(unnamed)", 1
+        while key in digests:
+            n += 1
+            key = f"{s.name}#{n}"
+        digests[key] = hashlib.sha256(data[s.offset : s.offset + s.size]).hexdigest()
+    return digests
 
 
 def _amdgpu_target(header: bytes) -> str:
