@@ -41,7 +41,7 @@ from rocmforge.wheelhouse import Wheelhouse
 
 # Variables whose recorded value is where the toolchain lived on the first builder; the
 # rebuild takes this host's (the ROCm root itself is replayed through ROCM_PATH).
-_HOST_PATHS = ("PATH", "LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH")
+_HOST_PATHS = ("PATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH")
 _RECORD_MEMBER = ".dist-info/" + provenance.FILENAME
 
 
