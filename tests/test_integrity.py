@@ -58,6 +58,8 @@ def wheelhouse_problems(root: Path) -> list[str]:
             target = Path(os.path.normpath(root / "simple" / project / unquote(path)))
             if not target.is_file():
                 problems.append(f"{project}: the index links {target.name}, which does not exist")
+            elif not target.name.endswith(".whl"):
+                continue  # a wheel's provenance statement: pip and uv skip it, it claims no sha256
             elif file_sha256(target) != sha:
                 problems.append(f"{target.name}: sha256 differs from the index's")
             else:
