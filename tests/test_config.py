@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fakehost import config
 
-from rocmforge.config import load_config
+from rocmforge.config import load_config, package_archs, require_package_archs
 from rocmforge.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +69,30 @@ BAD_CONFIGS = {
         GOOD.replace('arch = ["gfx90a", "gfx942", "gfx950"]', "arch = []"),
         "build.arch: the arch list is empty; name the GPUs to build for",
     ),
+    # A package's own list must meet build.arch: aiter built for nothing would be a wheel without code.
+    "package arch outside build.arch": (
+        GOOD.replace('arch = ["gfx942", "gfx950"]', 'arch = ["gfx1100"]'),
+        "packages.aiter.arch: none of gfx1100 is in build.arch (gfx90a;gfx942;gfx950)",
+    ),
+    "package arch typo": (
+        GOOD.replace('arch = ["gfx942", "gfx950"]', 'arch = ["gfx942", "gfx905"]'),
+        "packages.aiter.arch: unknown GPU arch 'gfx905'",
+    ),
+    "unpinned dependency not a dependency": (
+        GOOD.replace(
+            'depends = ["pytorch", "triton"]\narch',
+            'depends = ["pytorch"]\nunpinned_depends = ["triton"]\narch',
+        ),
+        "packages.aiter.unpinned_depends[0]: 'triton' is not in depends; list only dependencies",
+    ),
+    "rocm source without a path": (
+        GOOD.replace('path = "share/amd_smi"', ""),
+        "packages.amdsmi.source.path: required for a rocm source: the tree inside the ROCm install",
+    ),
+    "rocm source outside the install": (
+        GOOD.replace('path = "share/amd_smi"', 'path = "../etc"'),
+        "packages.amdsmi.source.path: '../etc' must be a relative path inside the source tree",
+    ),
 }
 
 
@@ -80,6 +104,17 @@ def test_bad_config_through_the_cli(tmp_path, case):
         cli(sys.executable, "-m", "rocmforge", "env", "pytorch", config_text=text, tmp_path=tmp_path)
     )
     assert line.startswith(f"rocmforge env: error: {message}")
+
+
+def test_an_override_that_leaves_a_package_no_arch_stops_only_that_package(tmp_path):
+    cfg = config({"PYTORCH_ROCM_ARCH": "gfx90a"})  # loads: the other packages still build
+    assert package_archs(cfg, cfg.package("aiter")) == ()
+    assert package_archs(cfg, cfg.package("flash_attn")) == ("gfx90a",)
+    with pytest.raises(
+        UserError, match=r"^packages\.aiter\.arch: aiter supports only gfx942;gfx950, none of"
+    ):
+        require_package_archs(cfg, cfg.package("aiter"))
+    assert package_archs(cfg, cfg.package("pytorch")) == ("gfx90a",)
 
 
 def test_bad_environment_overrides_through_the_cli(tmp_path):
