@@ -49,7 +49,8 @@ LAUNCHER_LANGUAGES = {"rocm": ("C", "CXX", "HIP"), "cuda": ("C", "CXX", "CUDA"),
 TOOL_VAR, LOG_VAR, ROCM_VAR = "ROCMFORGE_CACHE_TOOL", "ROCMFORGE_CACHE_LOG", "ROCMFORGE_CACHE_ROCM"
 REAL_VARS = {"CC": "ROCMFORGE_CACHE_CC", "CXX": "ROCMFORGE_CACHE_CXX"}
 WRAPPER_DIR = "compile-cache-wrappers"
-HIP_LAUNCHER = "hip-launcher"  # CMake's HIP language runs "<launcher> <clang++> ..."
+# CMake runs "<launcher> <compiler> ...": one launcher for C/C++, one that keys HIP compiles.
+LAUNCHER, HIP_LAUNCHER = "launcher", "hip-launcher"
 _CACHE_VARIABLES = frozenset(
     {f"CMAKE_{lang}_COMPILER_LAUNCHER" for langs in LAUNCHER_LANGUAGES.values() for lang in langs}
     | {"HIP_CLANG_LAUNCHER"}
@@ -102,14 +103,10 @@ class CacheStats:
         """One line for the end of a build log."""
         rate = "no cacheable compiles" if self.hit_rate is None else f"{self.hit_rate:.0%} hit rate"
         text = f"{self.tool} ({self.location}): {self.hits} hits, {self.misses} misses, {rate}"
-        if self.by_language:
-            text += (
-                " ("
-                + ", ".join(
-                    f"{lang} {c['hits']}/{c['hits'] + c['misses']}" for lang, c in self.by_language.items()
-                )
-                + ")"
-            )
+        # hits/cacheable per language, e.g. "(C 3/3, C++ 9/9, HIP 1/1)"
+        langs = [f"{lang} {c['hits']}/{c['hits'] + c['misses']}" for lang, c in self.by_language.items()]
+        if any(c["hits"] + c["misses"] for c in self.by_language.values()):
+            text += " (" + ", ".join(x for x in langs if not x.endswith("/0")) + ")"
         if self.calls:
             text += f"; {self.seen} compiles seen"
             if self.bypassed:
@@ -163,11 +160,13 @@ def launcher_env(
     env = {TOOL_VAR: exe}
     for var, lang in (("CC", "C"), ("CXX", "CXX")):
         command = (compilers or {}).get(var)
+        # A command line in CC ("ccache gcc") is the user's own wrapper: left alone.
         if command and not any(c.isspace() for c in command) and "/" not in Path(command).name:
             env[var] = str(bindir / Path(command).name)
             env[REAL_VARS[var]] = command
-        else:  # no compiler chosen, or a command line ("ccache gcc"): CMake's launcher only
-            env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = exe
+        # Also for CMake projects that set their own compiler; in front of a CC/CXX wrapper the
+        # launcher only runs the wrapper, so nothing is cached twice.
+        env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = str(bindir / LAUNCHER)
     if backend == "cuda":
         env["CMAKE_CUDA_COMPILER_LAUNCHER"] = exe
     if backend == "rocm" and store.hip:
@@ -233,6 +232,11 @@ exec "$real" "$@"
 """
 
 
+# A launcher in front of one of the wrappers (CMake with CC=<wrapper>) leaves the caching to it.
+_LAUNCHER_HEAD = """real=$1; shift
+case $real in {root}/*) exec "$real" "$@" ;; esac"""
+
+
 def install_wrappers(cfg: Config, env: Mapping[str, str]) -> None:
     """Write the wrappers that ``env`` (from :func:`launcher_env`) names; a no-op without them.
 
@@ -241,7 +245,8 @@ def install_wrappers(cfg: Config, env: Mapping[str, str]) -> None:
     """
     if cfg.build.compile_cache == "none" or TOOL_VAR not in env:
         return
-    tool, exe, bindir = cfg.build.compile_cache, env[TOOL_VAR], wrapper_dir(cfg) / "bin"
+    tool, exe, root = cfg.build.compile_cache, env[TOOL_VAR], wrapper_dir(cfg)
+    bindir = root / "bin"
     search = os.pathsep.join(
         p for p in env.get("PATH", os.environ.get("PATH", "")).split(os.pathsep) if Path(p) != bindir
     )
@@ -252,7 +257,7 @@ def install_wrappers(cfg: Config, env: Mapping[str, str]) -> None:
                 real = shutil.which(env[real_var], path=search)
                 if real is None:
                     raise UserError(f"{var}={env[real_var]} is not on PATH; install it or set {var}")
-                scripts[Path(env[var])] = _script(tool, exe, real=real)
+                scripts[Path(env[var])] = _script(tool, exe, root, real=real)
         clangs: dict[str, str] = {}
         if ROCM_VAR in env:
             rocm, real_dir = env[ROCM_VAR], rocm_clang_dir(env[ROCM_VAR])
@@ -260,13 +265,18 @@ def install_wrappers(cfg: Config, env: Mapping[str, str]) -> None:
             clangs = {n: os.path.join(real_dir, n) for n in names}
             for name, real in clangs.items():
                 identity = hip_identity(cfg, real, rocm)
-                scripts[Path(env["HIP_CLANG_PATH"]) / name] = _script(tool, exe, real=real, identity=identity)
+                scripts[Path(env["HIP_CLANG_PATH"]) / name] = _script(
+                    tool, exe, root, real=real, identity=identity
+                )
             _link(Path(env["HIP_CLANG_PATH"]).parent / "lib", os.path.join(real_dir, os.pardir, "lib"))
         if "CMAKE_HIP_COMPILER_LAUNCHER" in env:
             # CMake names its HIP compiler per call; key on the ROCm's own clang++ and device libs.
             main = clangs.get("clang++") or next(iter(clangs.values()), None)
             identity = hip_identity(cfg, main, env[ROCM_VAR]) if main else "hip"
-            scripts[Path(env["CMAKE_HIP_COMPILER_LAUNCHER"])] = _script(tool, exe, identity=identity)
+            scripts[Path(env["CMAKE_HIP_COMPILER_LAUNCHER"])] = _script(tool, exe, root, identity=identity)
+        for lang in ("C", "CXX"):
+            if env.get(f"CMAKE_{lang}_COMPILER_LAUNCHER", "").startswith(str(bindir)):
+                scripts[Path(env[f"CMAKE_{lang}_COMPILER_LAUNCHER"])] = _script(tool, exe, root)
         for path, text in scripts.items():
             if not path.is_file() or path.read_text() != text:
                 atomic_write(path, text, mode=0o755)
@@ -284,7 +294,7 @@ def _link(link: Path, target: str) -> None:
     os.replace(tmp, link)
 
 
-def _script(tool: str, exe: str, *, real: str | None = None, identity: str | None = None) -> str:
+def _script(tool: str, exe: str, root: Path, *, real: str | None = None, identity: str | None = None) -> str:
     """A wrapper (``real`` given) or a launcher; ``identity`` marks a HIP compiler."""
     lines = []
     if identity and tool == "sccache":
@@ -298,7 +308,7 @@ def _script(tool: str, exe: str, *, real: str | None = None, identity: str | Non
     # ccache counts per call in CCACHE_STATSLOG; one file per language gives hits by language.
     statslog = '    CCACHE_STATSLOG="$ROCMFORGE_CACHE_LOG.ccache-$src"; export CCACHE_STATSLOG\n'
     return _SCRIPT.format(
-        real=f"real={_sh_quote(real)}" if real else "real=$1; shift",
+        real=f"real={_sh_quote(real)}" if real else _LAUNCHER_HEAD.format(root=_sh_quote(str(root))),
         identity="".join(f"{line}\n" for line in lines),
         statslog=statslog if tool == "ccache" else "",
         tool=_sh_quote(exe),
@@ -587,6 +597,7 @@ def _ccache_stats(
         "multiple_source_files",
         "no_input_file",
         "output_to_stdout",
+        "preprocessor_error",  # also clang -E of a device-only HIP compile for several archs
         "unsupported_code_directive",
         "unsupported_compiler_option",
         "unsupported_source_language",

