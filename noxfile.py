@@ -100,7 +100,7 @@ def export(session: nox.Session) -> None:
 
 @rocmforge_session(venv_backend="none")
 def index(session: nox.Session) -> None:
-    """Regenerate the wheelhouse's simple index and constraints.txt; print the install commands."""
+    """Regenerate the wheelhouse's index, constraints.txt and requirements.txt; print the install commands."""
     from rocmforge import build
 
     build.index_session(session, CONFIG)

@@ -42,6 +42,7 @@ from rocmforge.config import VENV_TOOLS, Config, Package, package_archs
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json, remove_temp_files
+from rocmforge.install import uv_binary
 from rocmforge.wheelfile import (
     drop_requirements,
     pin_requirements,
@@ -563,16 +564,6 @@ def _without(requirements: list[str], wheels) -> list[str]:
     return [r for r in requirements if canonicalize_name(Requirement(r).name) not in ours]
 
 
-def uv_binary() -> str:
-    """The uv executable: on PATH, else the one the ``uv`` package ships."""
-    found = shutil.which("uv")
-    if found:
-        return found
-    from uv import find_uv_bin
-
-    return find_uv_bin()
-
-
 def _python(cfg: Config) -> str:
     """The interpreter the wheels are built for: ``build.python`` or the one running rocmforge."""
     return cfg.build.python or sys.executable
@@ -700,8 +691,12 @@ def _say_waiting(name: str):
 
 
 def index_session(session, cfg: Config) -> None:
-    """nox entry point of the ``index`` session: regenerate the index, print install commands."""
-    from rocmforge.wheelhouse import install_commands
+    """nox entry point of the ``index`` session: regenerate the index, print install commands.
+
+    A configured package without its wheel fails the session: installing the stack without it
+    would take PyPI's release of that name (or none), not the one configured here.
+    """
+    from rocmforge.install import REQUIREMENTS, install_commands
 
     house = Wheelhouse(cfg.build.wheelhouse)
     entries = house.reindex()
@@ -710,6 +705,21 @@ def index_session(session, cfg: Config) -> None:
         raise UserError(f"{house.root}: no wheels to index; build some first, e.g. `nox -s {first}`")
     for e in entries:
         session.log(f"{e.project} {e.version}  {e.path.name}")
-    session.log(f"index: {house.simple}  constraints: {house.constraints}")
-    for command in install_commands(house.root, [e.project for e in entries]):
+    missing = [
+        n
+        for n in cfg.build_order()
+        if _published(house, read_json(cfg.build.work_dir / n / STATE_FILE)) is None
+    ]
+    if missing:
+        raise UserError(
+            f"{house.root} lacks {', '.join(missing)} of the configured stack (never built here, or "
+            f"withdrawn); build it first (nox -s {' '.join(missing)}): installing without it would take "
+            "PyPI's release of that name"
+        )
+    if not (house.root / REQUIREMENTS).is_file():
+        raise UserError(
+            f"{house.root / REQUIREMENTS} could not be written (see the line above); install commands need it"
+        )
+    session.log(f"index: {house.simple}  requirements: {house.root / REQUIREMENTS}")
+    for command in install_commands(house.root):
         session.log(command)

@@ -31,7 +31,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from rocmforge import build, git, lock, recipes, sources
+from rocmforge import build, git, install, lock, recipes, sources
 from rocmforge.config import Config
 from rocmforge.console import console
 from rocmforge.errors import UserError
@@ -159,7 +159,7 @@ def _download_wheels(
         return
     version = ".".join(build.python_version(cfg).split(".")[:2])
     console.print(f"{name}: resolving the build venv for Python {version}: {', '.join(requirements)}")
-    resolve = [build.uv_binary(), "pip", "compile", "-q", "--no-header", "--no-annotate"]
+    resolve = [install.uv_binary(), "pip", "compile", "-q", "--no-header", "--no-annotate"]
     resolve += ["--python-version", version, *index_args]
     house = Wheelhouse(cfg.build.wheelhouse)
     if built:  # as the build venv: our index first, so our projects never come from PyPI

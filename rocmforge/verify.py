@@ -39,9 +39,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from rocmforge import inspect
-from rocmforge.build import uv_binary
 from rocmforge.errors import UserError
 from rocmforge.fsutil import file_sha256
+from rocmforge.install import REQUIREMENTS, install_argv, uv_binary
 from rocmforge.wheelfile import wheel_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -789,15 +789,18 @@ def fresh_venv(venv: Path, wheelhouse: Path, python: str, *, offline: bool = Fal
         shutil.rmtree(venv)
     subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
     vpy = str(venv / "bin" / "python")
-    # Our index first: uv takes every project it has from it (first-index strategy), PyPI
-    # supplies the rest (pure-Python dependencies) unless offline.
-    source = (
-        ["--no-index", "--find-links", str(house.root)]
-        if offline
-        else ["--index", house.simple.resolve().as_uri()]
-    )
-    argv = [uv, "pip", "install", "--quiet", "--python", vpy, *source, *sorted({e.project for e in entries})]
-    res = subprocess.run(argv, capture_output=True, text=True)
+    if offline:  # the wheelhouse alone (its wheels need nothing from elsewhere)
+        source = ["--no-index", "--find-links", str(house.root)]
+        argv = [uv, "pip", "install", "--python", vpy, *source, *sorted({e.project for e in entries})]
+    elif (house.root / REQUIREMENTS).is_file():
+        # The documented install: exactly requirements.txt, hashes required, our index first.
+        argv = install_argv("uv", house.root, python=vpy)
+    else:
+        raise UserError(
+            f"{house.root / REQUIREMENTS} is missing (it could not be resolved when the index was "
+            "written); run `nox -s index` for the reason"
+        )
+    res = subprocess.run([*argv[:3], "--quiet", *argv[3:]], capture_output=True, text=True)
     if res.returncode != 0:
         raise UserError(f"installing the wheelhouse into {venv} failed: {res.stderr.strip()[-500:]}")
     return vpy, [e.path for e in entries]

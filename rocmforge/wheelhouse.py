@@ -10,6 +10,7 @@ Layout (``build.wheelhouse`` in the config)::
                                         to its provenance statement (also the anchor's
                                         data-provenance attribute, as in PEP 740)
       constraints.txt                   torch==2.13.0+rocm7.2, one exact pin per project
+      requirements.txt                  stack + runtime dependencies, hash-pinned (rocmforge.install)
       stack.json                        what a node needs for these wheels (rocmforge.contract)
 
 The wheelhouse holds one wheel per project: the versions built together. A wheel enters only
@@ -25,10 +26,7 @@ A reader (pip, uv, a web server) therefore sees the old set or the new one, neve
 with an old index; a kill at any moment leaves one of them, and the next run sweeps the rest.
 Every change happens under one file lock.
 
-Installing so that PyPI can never replace our wheels::
-
-    uv pip install --index file://$PWD/wheelhouse/simple vllm      # uv: first index wins
-    pip install --find-links wheelhouse -c wheelhouse/constraints.txt vllm   # pip: exact pins
+Installing so that nothing else can replace our wheels: :mod:`rocmforge.install`.
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ from urllib.parse import quote
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name
 
-from rocmforge import contract, killpoints
+from rocmforge import contract, install, killpoints
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, read_json
@@ -88,7 +86,17 @@ def _stack(entries: list[Entry]) -> dict[str, str]:
     return {contract.STACK_FILE: json.dumps(document, indent=2, sort_keys=True) + "\n"}
 
 
-INDEX_WRITERS: list[IndexWriter] = [_constraints, _stack]
+def _requirements(entries: list[Entry]) -> dict[str, str]:
+    # The writers run once the staged generation's project pages exist: resolve against those.
+    simple = entries[0].path.parent / "simple"
+    try:
+        return {install.REQUIREMENTS: install.requirements_file(entries, simple)}
+    except UserError as exc:  # offline, or a dependency no index has: publish without it, say so
+        console.print(f"{install.REQUIREMENTS} not written: {exc}", markup=False)
+        return {}
+
+
+INDEX_WRITERS: list[IndexWriter] = [_constraints, _stack, _requirements]
 
 
 class Wheelhouse:
@@ -497,16 +505,6 @@ def _unusable(path: Path) -> str | None:
     if not zipfile.is_zipfile(path):
         return "not a zip archive (a truncated download or copy?)"
     return None
-
-
-def install_commands(root: str | os.PathLike[str], projects: list[str]) -> list[str]:
-    """The install commands under which no newer PyPI release can replace our wheels."""
-    root = Path(root).resolve()
-    names = " ".join(projects)
-    return [
-        f"uv pip install --index {root.as_uri()}/simple {names}",
-        f"pip install --find-links {root} -c {root / 'constraints.txt'} {names}",
-    ]
 
 
 def _link(href: str, text: str) -> str:

@@ -12,6 +12,7 @@ from urllib.parse import unquote
 
 import pytest
 
+from rocmforge import install
 from rocmforge.fsutil import file_sha256
 from rocmforge.wheelfile import read_member, wheel_name
 from rocmforge.wheelhouse import Wheelhouse
@@ -155,21 +156,13 @@ def test_a_newer_pypi_release_cannot_replace_our_wheel(tmp_path):
     _pip_install(python, "--index-url", _PYPI, "--find-links", str(house.root), "six")
     assert _installed_version(python, "six") == "1.17.0"
 
-    # uv with our index first: first-index strategy, PyPI is never asked about six.
-    python = _venv(tmp_path, "uv")
-    subprocess.run(
-        ["uv", "pip", "install", "--python", str(python), "--index", house.simple.as_uri(), "six"],
-        check=True,
-        env={**_PYPI_ENV, "UV_DEFAULT_INDEX": _PYPI},
-    )
-    assert _installed_version(python, "six") == "1.16.0+rf"
-
-    # pip with the exact pins of constraints.txt: only our build satisfies six==1.16.0+rf.
-    python = _venv(tmp_path, "pip")
-    _pip_install(
-        python, "--index-url", _PYPI, "--find-links", str(house.root), "-c", str(house.constraints), "six"
-    )
-    assert _installed_version(python, "six") == "1.16.0+rf"
+    # The documented commands (nox -s index prints them): requirements.txt with its hashes, our
+    # index first, PyPI for the rest; uv's and pip's own configuration out of the game.
+    for tool in ("uv", "pip"):
+        python = _venv(tmp_path, tool)
+        argv = install.install_argv(tool, house.root, index=_PYPI, python=str(python))
+        subprocess.run(argv, check=True, env=os.environ)
+        assert _installed_version(python, "six") == "1.16.0+rf"
 
 
 def test_stray_files_named_whl_are_left_out_of_the_index(tmp_path, wheels):
@@ -244,6 +237,7 @@ def test_index_writers_publish_their_files_in_the_same_switch(tmp_path, wheels, 
             wheels["beta"].name,
             "constraints.txt",
             "projects.txt",
+            "requirements.txt",
             "simple",
             "stack.json",
         ]
