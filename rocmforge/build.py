@@ -130,6 +130,13 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     name = pkg.name
     checkout = sources.prepare(cfg, name)
     killpoints.reached("source", name)
+    if checkout.dirty:
+        console.print(
+            f"{name}: {checkout.path} differs from its pin and patches (edits {checkout.dirty[:8]}); "
+            f"the wheel is marked dirty.{checkout.dirty[:8]}",
+            markup=False,
+            soft_wrap=True,
+        )
     recipe = recipes.get(pkg.recipe)
     deps = dependency_wheels(cfg, name)
     ctx = build_context(cfg, name, checkout, deps)
@@ -236,6 +243,8 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
             "subdir": pkg.source.subdir,
             "submodules": dict(checkout.submodules),
             "pinned_by": _pinned_by(cfg, pkg, checkout.commit),
+            # sha256 of the edits on top of commit + patches; None: the tree is exactly those
+            "dirty": checkout.dirty,
         },
         "source_date_epoch": epoch,
         "patches": [{"file": f, "sha256": s} for f, s in checkout.patches],
@@ -403,6 +412,9 @@ def _fixup(
     label = ctx.package.local_version
     if label and not recipe.native_local_version(ctx):
         version = with_local_label(version, label)
+    if ctx.checkout is not None and ctx.checkout.dirty:
+        # Edited sources: said where every installer and `pip list` shows it.
+        version = with_local_label(version, f"dirty.{ctx.checkout.dirty[:8]}")
 
     def requirements(metadata) -> tuple[list[str], list[str]]:
         return drop_requirements(metadata, dropped_projects), pin_requirements(metadata, pins)

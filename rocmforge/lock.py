@@ -94,6 +94,8 @@ def package_entry(checkout) -> dict:
         entry["submodules"] = dict(sorted(checkout.submodules.items()))
     if checkout.patches:
         entry["patches"] = {file: sha for file, sha in checkout.patches}
+    if checkout.dirty:  # the lock tells the truth about the tree; locked mode refuses it
+        entry["dirty"] = checkout.dirty
     return entry
 
 
@@ -101,7 +103,18 @@ def check_checkout(cfg: Config, checkout) -> None:
     """In locked mode, stop when ``checkout`` differs from the lock's entry for its package."""
     entry = locked_entry(cfg, checkout.package)
     if entry is not None:
+        refuse_dirty(checkout.package, checkout.path, checkout.dirty)
         _require_same(entry, package_entry(checkout), f"packages.{checkout.package}")
+
+
+def refuse_dirty(package: str, tree, dirty: str | None) -> None:
+    """Locked mode reproduces pins and patches; a tree edited on top of them is not that."""
+    if dirty:
+        raise UserError(
+            f"locked mode: {tree} differs from its pin and patches (edits {dirty[:8]}); "
+            f"turn them into a patch (python -m rocmforge patch {package} NAME --reason ...) "
+            f"or undo them (git -C {tree} checkout .)"
+        )
 
 
 def _require_same(locked: Mapping, current: Mapping, prefix: str) -> None:
@@ -211,6 +224,8 @@ def write_lock(cfg: Config, *, offline: bool = False, locked: bool | None = None
     with file_lock(cfg.build.third_party / f".{LOCK_FILE}.lock", what="writing the lock"):
         data = build_lock(cfg, offline=offline)
         if locked:
+            for name, entry in data["packages"].items():
+                refuse_dirty(name, cfg.build.third_party / name, entry.get("dirty"))
             existing = read_lock(cfg)
             if existing is None:
                 raise UserError(f"locked mode but {path} does not exist; run `nox -s lock` first")

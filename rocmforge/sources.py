@@ -38,7 +38,7 @@ import urllib.request
 import zipfile
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from types import MappingProxyType
@@ -97,9 +97,12 @@ class Checkout:
     # When the source was made (commit time; newest member of an archive): the build's
     # SOURCE_DATE_EPOCH, so timestamps inside the wheel come from the source, not the clock.
     source_date_epoch: int | None = None
+    # sha256 of how the tree differs from commit + patches (edits in third_party), None if clean
+    dirty: str | None = None
 
     def fingerprint(self) -> str:
-        """A hash of everything that defines the source: commit, submodules, archive, patches."""
+        """A hash of everything that defines the source: commit, submodules, archive, patches,
+        and the edits made to the tree since."""
         data = {
             "kind": self.kind,
             "commit": self.commit,
@@ -108,6 +111,8 @@ class Checkout:
             "submodules": sorted(self.submodules.items()),
             "patches": [list(p) for p in self.patches],
         }
+        if self.dirty:  # only then: a clean tree keeps the fingerprint it always had
+            data["dirty"] = self.dirty
         return json_sha256(data)
 
     def to_json(self) -> dict:
@@ -124,6 +129,7 @@ class Checkout:
             "submodules": dict(sorted(self.submodules.items())),
             "patches": [list(p) for p in self.patches],
             "source_date_epoch": self.source_date_epoch,
+            "dirty": self.dirty,
         }
 
     @classmethod
@@ -141,6 +147,7 @@ class Checkout:
             submodules=MappingProxyType(dict(d["submodules"])),
             patches=tuple((f, s) for f, s in d["patches"]),
             source_date_epoch=d.get("source_date_epoch"),
+            dirty=d.get("dirty"),
         )
 
 
@@ -187,14 +194,52 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
     stamp_path = third_party / f".{name}.stamp.json"
     with file_lock(third_party / f".{name}.lock", what=f"preparing {name}", on_wait=_waiting(str(tree))):
         stamp = read_json(stamp_path)
-        if stamp and stamp.get("key") == key and tree.is_dir():
-            checkout = Checkout.from_json(stamp["checkout"])
-        else:
-            checkout = _rebuild(
-                cfg, pkg, pin, selected, key, tree, stamp_path, offline=offline, bundle=bundle
-            )
+        if not (stamp and stamp.get("key") == key and tree.is_dir()):
+            _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, offline=offline, bundle=bundle)
+            stamp = read_json(stamp_path)
+        checkout = Checkout.from_json(stamp["checkout"])
+        checkout = replace(
+            checkout, dirty=tree_difference(tree, stamp.get("heads") or {}, checkout.submodules)
+        )
     _check_locked(cfg, checkout)
     return checkout
+
+
+_READ_ONLY = {"GIT_OPTIONAL_LOCKS": "0"}  # status must not rewrite the index: a reused tree stays untouched
+
+
+def tree_difference(tree: Path, heads: Mapping[str, str], submodules: Mapping[str, str]) -> str | None:
+    """sha256 of how ``tree`` differs from what was checked out (``heads``: repository path in
+    the tree -> its commit after the patches), or None when it does not.
+
+    Counted: changes to tracked files and commits made since, in the tree and each submodule.
+    Untracked files are build outputs as often as not (``build/``, ``*.egg-info``), so they do
+    not count; ``git add`` a new file to count it. Content decides: an edit undone is clean.
+    """
+    h, changed = hashlib.sha256(), False
+    for path in ["", *sorted(submodules)]:
+        where = tree / path if path else tree
+        head = git.run(["rev-parse", "HEAD"], cwd=where, check=False).stdout.strip()
+        base = heads.get(path) or head
+        status = git.run(
+            ["status", "--porcelain", "--untracked-files=no", "--ignore-submodules=all"],
+            cwd=where,
+            check=False,
+            env=_READ_ONLY,
+        )
+        if head == base and not status.stdout.strip():
+            continue
+        # Bytes, not text: an edited file need not be UTF-8.
+        diff = subprocess.run(
+            ["git", "diff", "--binary", "--ignore-submodules=all", base],
+            cwd=where,
+            capture_output=True,
+            env={**os.environ, **git.ENV, **_READ_ONLY},
+        )
+        if diff.stdout:
+            changed = True
+            h.update(f"{path}\0".encode() + diff.stdout + b"\0")
+    return h.hexdigest() if changed else None
 
 
 def existing(cfg: Config, name: str) -> Checkout | None:
@@ -359,9 +404,12 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
         patches=tuple((s.file, s.sha256) for s in applied),
         source_date_epoch=epoch,
     )
-    atomic_write(
-        stamp_path, json.dumps({"key": key, "base": base_commit, "checkout": checkout.to_json()}, indent=1)
-    )
+    heads = {
+        path: git.run(["rev-parse", "HEAD"], cwd=tree / path if path else tree).stdout.strip()
+        for path in ["", *checkout.submodules]
+    }
+    stamp = {"key": key, "base": base_commit, "checkout": checkout.to_json(), "heads": heads}
+    atomic_write(stamp_path, json.dumps(stamp, indent=1))
     return checkout
 
 
@@ -589,7 +637,7 @@ def _ensure_commit_locked(mirror: Path, url, rev, pin, *, offline, bundle, what)
     pins_file = mirror.with_suffix(".pins.json")
     pins = read_json(pins_file) or {}
     record = f"{rev or ''}@{pin or ''}"
-    known = pins.get(record)
+    known = _pinned(pins, record, pin, pins_file)
     # A floating rev (no commit pinned) is asked for again whenever the network is there.
     if known and (pin or offline) and _has_commit(mirror, known):
         return known
@@ -619,6 +667,25 @@ def _create_mirror(mirror: Path, url: str) -> None:
         raise
 
 
+def _pinned(pins: Mapping, record: str, pin: str | None, pins_file: Path) -> str | None:
+    """The commit the cache's pin map records for ``record``, if it is the pinned commit.
+
+    The map is a cache: an entry naming another commit than the pin (edited, or damaged) is
+    said once and ignored, so the commit is resolved again instead of built.
+    """
+    known = pins.get(record)
+    if not isinstance(known, str) or len(known) != 40:
+        return None
+    if pin and not known.startswith(pin):
+        console.print(
+            f"{pins_file}: records {known} for {record}, not the pinned commit {pin}; not using it",
+            markup=False,
+            soft_wrap=True,
+        )
+        return None
+    return known
+
+
 def _has_commit(mirror: Path, commit: str) -> bool:
     return git.run(["cat-file", "-e", f"{commit}^{{commit}}"], git_dir=mirror, check=False).returncode == 0
 
@@ -626,9 +693,10 @@ def _has_commit(mirror: Path, commit: str) -> bool:
 def _offline_commit(mirror: Path, url, rev, pin, *, bundle, what, record) -> str:
     if bundle is not None:
         import_bundle(bundle, mirror, url)
-        pins = read_json(mirror.with_suffix(".pins.json")) or {}
-        if pins.get(record) and _has_commit(mirror, pins[record]):
-            return pins[record]
+        pins_file = mirror.with_suffix(".pins.json")
+        known = _pinned(read_json(pins_file) or {}, record, pin, pins_file)
+        if known and _has_commit(mirror, known):
+            return known
     commit = git.resolve(pin, git_dir=mirror) if pin else None
     if commit is None:
         where = f"the export {bundle}" if bundle else f"the cache ({mirror})"
@@ -1158,9 +1226,10 @@ def _local_tree(pkg: Package, src: Source) -> Checkout:
             f"packages.{pkg.name}.patches: a local tree is used as it is; apply the patches there yourself "
             "and remove them from the config"
         )
-    commit = None
+    commit = dirty = None
     if git.run(["rev-parse", "--git-dir"], cwd=src.path, check=False).returncode == 0:
         commit = git.run(["rev-parse", "HEAD"], cwd=src.path).stdout.strip()
+        dirty = tree_difference(src.path, {}, {})  # uncommitted edits: the commit alone is not the tree
     epoch = commit_time(commit, cwd=src.path) if commit else None
     return Checkout(
         package=pkg.name,
@@ -1174,6 +1243,7 @@ def _local_tree(pkg: Package, src: Source) -> Checkout:
         submodules=MappingProxyType({}),
         patches=(),
         source_date_epoch=epoch,
+        dirty=dirty,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -166,3 +167,118 @@ def test_kills_at_every_phase_leave_a_sound_wheelhouse(tmp_path):
     kills = sum(n for k, n in tally.items() if k != "re-runs")
     print(f"kills: {kills} {dict(tally)} in {time.monotonic() - start:.0f}s, 0 inconsistent states")
     assert kills >= 20
+
+
+# -------------------------------------------------------------------------- tampered caches
+
+
+def test_a_pin_map_naming_another_commit_is_not_used(tmp_path, upstream, capsys):
+    from gitrepos import git_package
+    from gitrepos import write_config as sources_config
+
+    from rocmforge import sources
+
+    url = upstream.file_url("app")
+    (tmp_path / "other").mkdir()
+    other = sources_config(tmp_path / "other", git_package("app", url, "main", upstream.shas["c3"]))
+    sources.prepare(other, "app")  # the shared cache now holds c3 as well
+    cfg = sources_config(
+        tmp_path, git_package("app", url, "v2", upstream.shas["c2"]), cache=other.build.cache_dir
+    )
+    assert sources.prepare(cfg, "app").commit == upstream.shas["c2"]
+    pins_file = sources.mirror_path(other.build.cache_dir, url).with_suffix(".pins.json")
+    pins = json.loads(pins_file.read_text())
+    record = f"v2@{upstream.shas['c2']}"
+    pins[record] = upstream.shas["c3"]  # the tamper: the cache says the pin resolved to c3
+    pins_file.write_text(json.dumps(pins))
+    shutil.rmtree(tmp_path / "third_party")  # the checkout is made again from the cache
+    capsys.readouterr()
+    checkout = sources.prepare(cfg, "app")
+    assert checkout.commit == upstream.shas["c2"]
+    assert (checkout.path / "README").read_text() == "app 2\n"
+    assert f"records {upstream.shas['c3']} for {record}, not the pinned commit" in capsys.readouterr().err
+    assert json.loads(pins_file.read_text())[record] == upstream.shas["c2"]  # and repaired
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """The fixture chain built once; the tests below change it and leave it sound."""
+    root = tmp_path_factory.mktemp("tamper")
+    config = write_config(root)
+    proc = nox(config, *PACKAGES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, config, root / "out" / "wheelhouse"
+
+
+@pytest.mark.slow
+def test_a_swapped_wheel_is_rebuilt_not_trusted(chain):
+    _root, config, house = chain
+    (wheel,) = house.glob("hipkernel-*.whl")
+    data, st = bytearray(wheel.read_bytes()), wheel.stat()
+    data[-40] ^= 0xFF  # another wheel of the same size, with the mtime put back
+    with open(wheel, "r+b") as fh:  # through the name users see, as `cp` would write it
+        fh.write(data)
+    os.utime(wheel, ns=(st.st_atime_ns, st.st_mtime_ns))
+    proc = nox(config, *PACKAGES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{wheel}: sha256 " in proc.stderr and "recorded when it was published" in proc.stderr
+    assert "hipkernel: built (" in proc.stderr
+    assert wheelhouse_problems(house) == []
+
+
+@pytest.mark.slow
+def test_a_dependent_built_against_a_replaced_wheel_is_withdrawn_or_refused(chain, tmp_path):
+    from rocmforge.errors import UserError
+    from rocmforge.wheelhouse import Wheelhouse
+
+    _root, config, house = chain
+    (old_dependent,) = house.glob("dependent-*.whl")
+    kept = shutil.copy(old_dependent, tmp_path)  # a run with the old flags, about to publish
+    # Another run with other flags replaces patchme: dependent's recorded patchme is gone.
+    proc = nox(config, "patchme", env={"CFLAGS": "-O1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dependent: built against patchme" in proc.stderr and "withdrawn from the index" in proc.stderr
+    assert wheelhouse_problems(house) == []
+    assert not list(house.glob("dependent-*.whl"))
+    with pytest.raises(
+        UserError, match=r"^dependent: built against patchme \w+, which the wheelhouse no longer"
+    ):
+        Wheelhouse(house).publish(kept)
+    assert wheelhouse_problems(house) == []
+    proc = nox(config, *PACKAGES, env={"CFLAGS": "-O1"})  # the same flags throughout: all back
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert wheelhouse_problems(house) == [] and len(list(house.glob("*.whl"))) == 3
+
+
+@pytest.mark.slow
+def test_an_edited_tree_is_marked_dirty_and_refused_by_locked_mode(chain):
+    root, config, house = chain
+    tree = root / "out" / "third_party" / "patchme"
+    (source,) = [p for p in tree.rglob("*.c") if "build" not in p.parts]
+    original = source.read_text()
+    source.write_text(original + "\n/* a local experiment */\n")
+    proc = nox(config, *PACKAGES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = house.glob("patchme-*.whl")
+    version = wheel_name(wheel).version
+    assert re.fullmatch(r"1\.0\.0\+rf\.dirty\.[0-9a-f]{8}", version), version
+    record = json.loads(read_member(wheel, "rocmforge.json"))
+    assert record["source"]["dirty"].startswith(version.rsplit(".", 1)[1])
+    assert record["source"]["commit"] == "403797eb3c685bf6a560c5aff02adacde3bd35f1"  # still the truth
+    locked = nox(config, "lock")
+    assert locked.returncode == 0, locked.stderr[-2000:]
+    refused = subprocess.run(
+        [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", "lock", "--", "--locked"],
+        env={**os.environ, "ROCMFORGE_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode != 0
+    assert f"locked mode: {tree} differs from its pin and patches (edits {version[-8:]})" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    source.write_text(original)  # the edit undone: clean again, the plain label comes back
+    proc = nox(config, *PACKAGES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [wheel_name(w).version for w in house.glob("patchme-*.whl")] == ["1.0.0+rf"]
+    assert wheelhouse_problems(house) == []
