@@ -266,6 +266,8 @@ def test_triton_build_sees_no_rocm_on_cmakes_search_path(tmp_path):
     assert triton["TRITON_APPEND_CMAKE_ARGS"] == f"-DCMAKE_IGNORE_PREFIX_PATH={rocm}"
     torch = build_environment(cfg, "pytorch", facts, ctx=ctx["pytorch"])
     assert torch["CMAKE_PREFIX_PATH"].split(":")[0] == str(rocm)  # PyTorch needs find_package(hip)
+    # ... and the build venv's prefix, as vLLM's Dockerfile passes sys.prefix.
+    assert torch["CMAKE_PREFIX_PATH"].split(":")[-1] == str(ctx["pytorch"].python.parent.parent)
     # Real CMake: with PyTorch's environment ROCm's LLVM is found; with Triton's (setup.py appends
     # TRITON_APPEND_CMAKE_ARGS to its cmake call) it is not, although <rocm>/bin stays on PATH.
     assert _find_llvm(tmp_path, torch) == str(rocm / "llvm/lib/cmake/llvm")

@@ -15,6 +15,7 @@ Options (``[packages.pytorch.options]``):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -56,6 +57,13 @@ class PyTorch(Generic):
         }
         if ctx.option("aotriton_prefix"):
             out["AOTRITON_INSTALLED_PREFIX"] = str(ctx.option("aotriton_prefix"))
+        # The build Python's prefix, as vLLM's Dockerfile (CMAKE_PREFIX_PATH=sys.prefix) and
+        # PyTorch's README set it, so CMake finds what the build venv installed (pybind11, ...);
+        # after the ROCm root, which find_package(hip) needs first.
+        prefix = str(ctx.python.parent.parent)
+        out["CMAKE_PREFIX_PATH"] = os.pathsep.join(
+            dict.fromkeys([*filter(None, env.get("CMAKE_PREFIX_PATH", "").split(os.pathsep)), prefix])
+        )
         if ctx.pins:
             # PyTorch's own switch for extra Requires-Dist lines ("|"-separated), as its release
             # builds use it for pytorch-triton-rocm: torch names our Triton at exactly its version.
