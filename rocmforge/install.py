@@ -90,7 +90,8 @@ def uv_sources(simple: Path, index: str) -> list[str]:
         "--index-strategy",
         "first-index",
         "--index",
-        simple.resolve().as_uri(),
+        # Not resolved: simple/ is a symlink into the current generation, which a publish replaces.
+        Path(os.path.abspath(simple)).as_uri(),
         "--extra-index-url",
         index,
         "--default-index",
@@ -129,7 +130,7 @@ def install_argv(tool: str, root: Path, *, index: str | None = None, python: str
     pip.conf), hashes required, this index first, ``index`` for the rest. ``python``: the
     environment's interpreter (uv ``--python``; pip runs as ``python -m pip``).
     """
-    root = Path(root).resolve()
+    root = Path(os.path.abspath(root))
     index = index or public_index()
     requirements = str(root / REQUIREMENTS)
     simple = root / "simple"

@@ -149,6 +149,14 @@ def _documented(s: dict, tool: str) -> list[str]:
     return [*argv[:-1], "--target", "{target}", argv[-1]] if tool == "uv" else [*argv, "--target", "{target}"]
 
 
+def test_commands_name_the_wheelhouse_not_its_current_generation(stack):
+    """simple/ is a symlink into a generation a later publish deletes: the commands must not
+    name the generation."""
+    root = stack["house"].root
+    for command in install.install_commands(root, index=stack["public"]):
+        assert f"file://{root}/simple " in command and ".index" not in command
+
+
 def test_requirements_txt_pins_the_stack_and_its_dependencies_with_hashes(stack):
     text = (stack["house"].root / install.REQUIREMENTS).read_text()
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
