@@ -639,3 +639,30 @@ def test_a_rocm_source_is_copied_out_of_the_rocm_install_and_built(tmp_path, mon
     monkeypatch.setenv("ROCM_PATH", str(tmp_path))
     with pytest.raises(UserError, match=r"share/amd_smi does not exist .*amd-smi-lib.*prebuilt"):
         build_package(cfg, "amdsmi", facts=gather())
+
+
+def test_exact_pins_keep_markers_and_leave_extras_alone():
+    """pin_requirements on a METADATA like vLLM's: the marker of a pinned line stays, an optional
+    extra's line is not ours to change, and a project named nowhere gets its own line."""
+    from email.parser import Parser
+
+    from rocmforge.wheelfile import pin_requirements
+
+    metadata = Parser().parsestr(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n"
+        'Requires-Dist: torch==2.13.0; platform_system == "Linux"\n'
+        "Requires-Dist: triton==3.8.0+git669b31ac\n"
+        'Requires-Dist: torchaudio; extra == "audio"\n'
+        "Requires-Dist: regex\n"
+    )
+    pins = {"torch": "2.13.0+rocm7.2", "triton": "3.8.0+git669b31ac", "torchaudio": "2.11.0+rocm7.2"}
+    written = pin_requirements(metadata, pins)
+    assert metadata.get_all("Requires-Dist") == [
+        'torch==2.13.0+rocm7.2; platform_system == "Linux"',
+        "triton==3.8.0+git669b31ac",
+        'torchaudio; extra == "audio"',
+        "regex",
+        "torchaudio==2.11.0+rocm7.2",
+    ]
+    assert written == ['torch==2.13.0+rocm7.2; platform_system == "Linux"', "torchaudio==2.11.0+rocm7.2"]
+    assert pin_requirements(metadata, pins) == []  # already exact: nothing more to write
