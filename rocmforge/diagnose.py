@@ -458,9 +458,8 @@ class _Reading:
                         self.first_error = FirstError(number, text, rule.family, rule.fallback)
                         break
         tried: set[str] = set()
-        for needle in _NEEDLES:
-            if needle not in low:
-                continue
+        present = {i for i, _, _ in _SIGNAL_NEEDLES.find_matches_as_indexes(low.encode(), overlapping=True)}
+        for needle in (_NEEDLES[i] for i in sorted(present)):
             core = body(text) if core is None else core
             for sig in _BY_NEEDLE[needle]:
                 if sig.name in tried:
@@ -479,6 +478,8 @@ for _s in SIGNALS:
     for _n in _s.needles:
         _BY_NEEDLE.setdefault(_n, []).append(_s)
 _NEEDLES = tuple(_BY_NEEDLE)
+# The signals' needles alone: which of them a candidate line holds, found in one search.
+_SIGNAL_NEEDLES = ahocorasick_rs.BytesAhoCorasick([n.encode() for n in _NEEDLES])
 # Needles that make a line worth reading whatever has been found so far.
 _ALWAYS = frozenset((*_NEEDLES, *_FOLLOW_UP_NEEDLES, *(n for rule in RULES.fatal for n in rule.needles)))
 
