@@ -85,9 +85,9 @@ for _name, _pkg in CONFIG.packages.items():
 @rocmforge_session(venv_backend="none")
 def lock(session: nox.Session) -> None:
     """Check out every pin and write rocmforge.lock.toml (-- --locked: fail on any difference; --offline)."""
-    from rocmforge import lock
+    from rocmforge import sources
 
-    lock.lock_session(session, CONFIG)
+    sources.lock_session(session, CONFIG)
 
 
 @rocmforge_session(venv_backend="none")

@@ -554,9 +554,9 @@ def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], hou
     uv = uv_binary()
     steps = [("create", [uv, "venv", "--quiet", "--python", _python(cfg), str(venv)])]
     install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
-    from rocmforge import bundle
+    from rocmforge import sources
 
-    install += bundle.offline_index_args()  # air-gapped: the export's wheels are the only index
+    install += sources.offline_index_args()  # air-gapped: the export's wheels are the only index
     if wheels:
         # Our index first: for any project it has, uv takes no version from PyPI.
         install += ["--index", (house.simple).resolve().as_uri(), *map(str, wheels)]
@@ -735,3 +735,38 @@ def index_session(session, cfg: Config) -> None:
     session.log(f"index: {house.simple}  requirements: {house.root / REQUIREMENTS}")
     for command in install_commands(house.root):
         session.log(command)
+
+
+# --- python -m rocmforge env: the environment a build of PACKAGE would get, from what is on disk
+def add_arguments(parser) -> None:
+    """Arguments of ``python -m rocmforge env``."""
+    parser.add_argument("package", metavar="PACKAGE", help="a package from build_config.toml")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--shell", action="store_true", help="print export lines (eval them to rebuild by hand)")
+    fmt.add_argument("--json", action="store_true", help="print a JSON object")
+
+
+def main(args) -> int:
+    """Print a package's build environment (:func:`rocmforge.buildenv.build_environment`)."""
+    from rocmforge import buildenv, host
+    from rocmforge.config import load_config
+
+    cfg = load_config()
+    cfg.package(args.package)  # a one-line error for a name that is not configured
+    facts = host.gather(build_dir=cfg.build.work_dir)
+    ctx = planned_context(cfg, args.package)
+    env = buildenv.build_environment(cfg, args.package, facts, base_env=os.environ, ctx=ctx)
+    compile_cache.install_wrappers(cfg, {**os.environ, **env})  # so that the variables work by hand
+    if args.json:
+        print(json.dumps(env, indent=2))
+    elif args.shell:
+        for note in cfg.overrides:
+            print(f"# {note}")
+        print("\n".join(buildenv.shell_lines(env)))
+    else:
+        for note in cfg.overrides:
+            print(f"rocmforge env: {note}", file=sys.stderr)
+        width = max(map(len, env))
+        for key, value in env.items():
+            print(f"{key:<{width}}  {value}")
+    return 0

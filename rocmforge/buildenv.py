@@ -9,12 +9,9 @@ it as ``export`` lines to reproduce a build by hand.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shlex
-import sys
 from collections.abc import Mapping
 
 from packaging.specifiers import SpecifierSet
@@ -181,38 +178,3 @@ def build_environment(
 def shell_lines(env: Mapping[str, str]) -> list[str]:
     """``export KEY='value'`` lines a POSIX shell can eval."""
     return [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``python -m rocmforge env``."""
-    parser.add_argument("package", metavar="PACKAGE", help="a package from build_config.toml")
-    fmt = parser.add_mutually_exclusive_group()
-    fmt.add_argument("--shell", action="store_true", help="print export lines (eval them to rebuild by hand)")
-    fmt.add_argument("--json", action="store_true", help="print a JSON object")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Print a package's build environment."""
-    from rocmforge import host
-    from rocmforge.build import planned_context
-    from rocmforge.config import load_config
-
-    cfg = load_config()
-    cfg.package(args.package)  # a one-line error for a name that is not configured
-    facts = host.gather(build_dir=cfg.build.work_dir)
-    ctx = planned_context(cfg, args.package)
-    env = build_environment(cfg, args.package, facts, base_env=os.environ, ctx=ctx)
-    compile_cache.install_wrappers(cfg, {**os.environ, **env})  # so that the variables work by hand
-    if args.json:
-        print(json.dumps(env, indent=2))
-    elif args.shell:
-        for note in cfg.overrides:
-            print(f"# {note}")
-        print("\n".join(shell_lines(env)))
-    else:
-        for note in cfg.overrides:
-            print(f"rocmforge env: {note}", file=sys.stderr)
-        width = max(map(len, env))
-        for key, value in env.items():
-            print(f"{key:<{width}}  {value}")
-    return 0

@@ -37,7 +37,6 @@ from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.wheelhouse import Wheelhouse
 
-WHEELS = "wheels"
 # Distribution names of our packages whose wheel is named otherwise than the package.
 _DIST_NAMES = {"pytorch": "torch"}
 
@@ -56,13 +55,13 @@ def export(cfg: Config, dest: Path, *, tar: bool = False, index_args: tuple[str,
             f"{dest}: cannot create the export there ({exc.strerror or exc}); choose a writable directory"
         ) from None
     try:
-        lock.write_lock(cfg)
-        checkouts = [sources.prepare(cfg, n) for n in cfg.build_order() if cfg.package(n).source is not None]
+        sources.write_lock(cfg)
+        checkouts = sources.prepare_all(cfg)
         shutil.copy2(lock.lock_path(cfg), staging / lock.LOCK_FILE)
         shutil.copy2(cfg.path, staging / cfg.path.name)
         for checkout in checkouts:
             _export_source(cfg, checkout, staging)
-            _download_wheels(cfg, checkout, staging / WHEELS, index_args)
+            _download_wheels(cfg, checkout, staging / sources.BUNDLE_WHEELS, index_args)
         os.replace(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -190,16 +189,6 @@ def _download_wheels(
         raise UserError(
             f"{name}: pip download of the build requirements failed: {git.last_line(proc.stderr)}"
         )
-
-
-def offline_index_args(environ=None) -> list[str]:
-    """uv/pip arguments that make an install use only the export's wheels, when building from
-    one (``ROCMFORGE_OFFLINE_BUNDLE``); none otherwise."""
-    environ = os.environ if environ is None else environ
-    export_dir = environ.get(sources.BUNDLE_ENV)
-    if not export_dir:
-        return []
-    return ["--no-index", "--find-links", str(Path(export_dir) / WHEELS)]
 
 
 def export_session(session, cfg: Config) -> None:

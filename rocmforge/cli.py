@@ -22,7 +22,7 @@ DESCRIPTION = "rocmforge's tools on their own: doctor, arch, env, inspect, diagn
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("rocmforge.doctor", "check this host for everything a ROCm build needs"),
     "arch": ("rocmforge.arch_detect", "list GPU archs of this machine or of saved tool output"),
-    "env": ("rocmforge.buildenv", "print the build environment of a package"),
+    "env": ("rocmforge.build", "print the build environment of a package"),
     "inspect": ("rocmforge.inspect", "list the GPU code objects inside .so files and wheels"),
     "verify": ("rocmforge.verify", "prove an environment runs: archs, libraries, versions, imports, GPU"),
     "diagnose": ("rocmforge.diagnose", "find the cause of a failed build or run in its log"),

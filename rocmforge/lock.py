@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rocmforge.config import Config
-from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock
 
@@ -104,7 +103,7 @@ def check_checkout(cfg: Config, checkout) -> None:
     entry = locked_entry(cfg, checkout.package)
     if entry is not None:
         refuse_dirty(checkout.package, checkout.path, checkout.dirty)
-        _require_same(entry, package_entry(checkout), f"packages.{checkout.package}")
+        require_same(entry, package_entry(checkout), f"packages.{checkout.package}")
 
 
 def refuse_dirty(package: str, tree, dirty: str | None) -> None:
@@ -117,7 +116,8 @@ def refuse_dirty(package: str, tree, dirty: str | None) -> None:
         )
 
 
-def _require_same(locked: Mapping, current: Mapping, prefix: str) -> None:
+def require_same(locked: Mapping, current: Mapping, prefix: str) -> None:
+    """Stop at the first difference between a lock entry and what would be used now."""
     first = next(iter(_differences(locked, current, prefix)), None)
     if first is not None:
         key, was, now = first
@@ -200,51 +200,3 @@ def _value(v) -> str:
     if isinstance(v, int):
         return str(v)
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def build_lock(cfg: Config, *, offline: bool = False) -> dict:
-    """Prepare every package built from source and collect what the lock records."""
-    from rocmforge import sources
-
-    packages = {}
-    for name in cfg.build_order():
-        if cfg.package(name).source is None:
-            continue
-        packages[name] = package_entry(sources.prepare(cfg, name, offline=offline))
-    return {"toolchain": toolchain_facts(), "packages": packages}
-
-
-def write_lock(cfg: Config, *, offline: bool = False, locked: bool | None = None) -> Path:
-    """Write ``rocmforge.lock.toml`` (atomically); in locked mode refuse any difference instead."""
-    locked = locked_mode() if locked is None else locked
-    path = lock_path(cfg)
-    if path.exists() and not path.is_file():  # found before the checkouts, not at the final rename
-        raise UserError(f"{path} is not a file; remove it and run `nox -s lock` again")
-    # The guard lives with the checkouts (git-ignored), not next to the committed lock file.
-    with file_lock(cfg.build.third_party / f".{LOCK_FILE}.lock", what="writing the lock"):
-        data = build_lock(cfg, offline=offline)
-        if locked:
-            for name, entry in data["packages"].items():
-                refuse_dirty(name, cfg.build.third_party / name, entry.get("dirty"))
-            existing = read_lock(cfg)
-            if existing is None:
-                raise UserError(f"locked mode but {path} does not exist; run `nox -s lock` first")
-            _require_same(existing, data, "")
-            console.print(f"{path.name}: everything matches")
-            return path
-        text = render(data)
-        if path.is_file() and path.read_text() == text:
-            console.print(f"{path.name}: unchanged")
-        else:
-            atomic_write(path, text)
-            console.print(f"wrote {path}")
-    return path
-
-
-def lock_session(session, cfg: Config) -> None:
-    """``nox -s lock [-- --locked] [--offline]``."""
-    args = set(session.posargs)
-    unknown = args - {"--locked", "--offline"}
-    if unknown:
-        session.error(f"unknown arguments {sorted(unknown)}; use --locked and/or --offline")
-    write_lock(cfg, offline="--offline" in args, locked=True if "--locked" in args else None)

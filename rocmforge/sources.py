@@ -46,7 +46,7 @@ from types import MappingProxyType
 from packaging.utils import canonicalize_name, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import git
+from rocmforge import git, lock
 from rocmforge import patches as patchmod
 from rocmforge.config import Config, Package, Source
 from rocmforge.console import console
@@ -56,6 +56,7 @@ from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, 
 # Seconds to wait before each retry of a network operation; the last failure is reported.
 RETRY_DELAYS: tuple[float, ...] = (2.0, 5.0, 15.0)
 BUNDLE_ENV = "ROCMFORGE_OFFLINE_BUNDLE"
+BUNDLE_WHEELS = "wheels"  # the export's wheels for the build venvs (bundle.py writes them)
 STAMP_VERSION = 2
 _HEX_RE = re.compile(r"^[0-9a-f]{7,40}$")
 # git's messages for a connection that failed or broke: worth a retry, unlike a refused request.
@@ -274,8 +275,6 @@ def _effective_pin(cfg: Config, pkg: Package, *, offline: bool) -> _Pin:
         )
         derived_commit, derived_version = derived_pin(cfg, pkg, offline=offline)
         commit, version = _merge_derived(pkg, derived_commit, derived_version)
-    from rocmforge import lock
-
     locked = lock.locked_entry(cfg, pkg.name)
     if locked is not None and commit is None:
         commit = locked.get("commit")
@@ -331,8 +330,6 @@ def _same_version(a: str, b: str) -> bool:
 
 
 def _check_locked(cfg: Config, checkout: Checkout) -> None:
-    from rocmforge import lock
-
     lock.check_checkout(cfg, checkout)
 
 
@@ -925,6 +922,16 @@ def _bundle_dir() -> Path | None:
     return path
 
 
+def offline_index_args(environ=None) -> list[str]:
+    """uv/pip arguments that make an install use only the export's wheels, when building from
+    one (``ROCMFORGE_OFFLINE_BUNDLE``); none otherwise."""
+    environ = os.environ if environ is None else environ
+    export_dir = environ.get(BUNDLE_ENV)
+    if not export_dir:
+        return []
+    return ["--no-index", "--find-links", str(Path(export_dir) / BUNDLE_WHEELS)]
+
+
 # --------------------------------------------------------------------------- archives
 
 
@@ -1245,6 +1252,52 @@ def _local_tree(pkg: Package, src: Source) -> Checkout:
         source_date_epoch=epoch,
         dirty=dirty,
     )
+
+
+# --------------------------------------------------------------------------- the lock session
+
+
+def prepare_all(cfg: Config, *, offline: bool = False) -> list[Checkout]:
+    """Every package built from source, prepared (checked out and patched) in build order."""
+    return [prepare(cfg, n, offline=offline) for n in cfg.build_order() if cfg.package(n).source is not None]
+
+
+def write_lock(cfg: Config, *, offline: bool = False, locked: bool | None = None) -> Path:
+    """Prepare every package and write ``rocmforge.lock.toml`` (atomically); in locked mode
+    refuse any difference instead."""
+    locked = lock.locked_mode() if locked is None else locked
+    path = lock.lock_path(cfg)
+    if path.exists() and not path.is_file():  # found before the checkouts, not at the final rename
+        raise UserError(f"{path} is not a file; remove it and run `nox -s lock` again")
+    # The guard lives with the checkouts (git-ignored), not next to the committed lock file.
+    with file_lock(cfg.build.third_party / f".{lock.LOCK_FILE}.lock", what="writing the lock"):
+        packages = {co.package: lock.package_entry(co) for co in prepare_all(cfg, offline=offline)}
+        data = {"toolchain": lock.toolchain_facts(), "packages": packages}
+        if locked:
+            for name, entry in packages.items():
+                lock.refuse_dirty(name, cfg.build.third_party / name, entry.get("dirty"))
+            existing = lock.read_lock(cfg)
+            if existing is None:
+                raise UserError(f"locked mode but {path} does not exist; run `nox -s lock` first")
+            lock.require_same(existing, data, "")
+            console.print(f"{path.name}: everything matches")
+            return path
+        text = lock.render(data)
+        if path.is_file() and path.read_text() == text:
+            console.print(f"{path.name}: unchanged")
+        else:
+            atomic_write(path, text)
+            console.print(f"wrote {path}")
+    return path
+
+
+def lock_session(session, cfg: Config) -> None:
+    """``nox -s lock [-- --locked] [--offline]``."""
+    args = set(session.posargs)
+    unknown = args - {"--locked", "--offline"}
+    if unknown:
+        session.error(f"unknown arguments {sorted(unknown)}; use --locked and/or --offline")
+    write_lock(cfg, offline="--offline" in args, locked=True if "--locked" in args else None)
 
 
 # --------------------------------------------------------------------------- command line

@@ -64,7 +64,7 @@ def test_lock_records_every_pin_and_reads_as_a_list(tmp_path, upstream, daemon, 
         + _archive(tmp_path, http)
     )
     cfg = write_config(tmp_path, pkgs)
-    path = lock.write_lock(cfg)
+    path = sources.write_lock(cfg)
     text = path.read_text()
     data = tomllib.loads(text)
     app, arc = data["packages"]["app"], data["packages"]["arc"]
@@ -79,20 +79,20 @@ def test_lock_records_every_pin_and_reads_as_a_list(tmp_path, upstream, daemon, 
     for line in text.splitlines():
         assert line == "" or line.startswith(("#", "[")) or " = " in line
     assert '"ext/lib/deps/leaf" = "' in text
-    lock.write_lock(cfg)
+    sources.write_lock(cfg)
     assert path.read_text() == text  # deterministic
 
 
 def test_locked_mode_replays_the_lock_and_refuses_differences(tmp_path, upstream, daemon, monkeypatch):
     cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "main"))
-    lock.write_lock(cfg)
+    sources.write_lock(cfg)
     moved = commit(upstream.work("app"), {"README": "app 4\n"}, "upstream moved on")
     upstream.publish("app")
     monkeypatch.setenv("ROCMFORGE_LOCKED", "1")
     (tmp_path / "third_party/.app.stamp.json").unlink()
     co = sources.prepare(cfg, "app")
     assert co.commit == upstream.shas["c3"]  # the lock's commit, not the branch's new tip
-    lock.write_lock(cfg)  # in locked mode: a check that passes
+    sources.write_lock(cfg)  # in locked mode: a check that passes
     monkeypatch.delenv("ROCMFORGE_LOCKED")
     assert sources.prepare(cfg, "app").commit == moved
     monkeypatch.setenv("ROCMFORGE_LOCKED", "1")
@@ -161,7 +161,7 @@ def test_damaged_lock_files_are_one_line(tmp_path, upstream, daemon):
     # An empty lock printed the whole current [packages] table as "the difference".
     path.write_text("")
     with pytest.raises(UserError) as err:
-        lock.write_lock(cfg, locked=True)
+        sources.write_lock(cfg, locked=True)
     assert str(err.value).startswith(
         f"ROCMFORGE_LOCKED: packages.app.commit is {upstream.shas['c2']!r} but rocmforge.lock.toml has None;"
     )
@@ -172,7 +172,7 @@ def test_damaged_lock_files_are_one_line(tmp_path, upstream, daemon):
     path.write_text("packages = 3\n")
     with pytest.raises(UserError, match=r"\[packages\] is not a table of package tables"):
         lock.read_lock(cfg)
-    lock.write_lock(cfg)  # the fix the messages name: write it again
+    sources.write_lock(cfg)  # the fix the messages name: write it again
     assert lock.read_lock(cfg)["packages"]["app"]["commit"] == upstream.shas["c2"]
     # A directory in its place failed at the final rename, after every checkout.
     path.unlink()
@@ -180,7 +180,7 @@ def test_damaged_lock_files_are_one_line(tmp_path, upstream, daemon):
     with pytest.raises(UserError, match=r"cannot read the lock \(Is a directory\); remove it"):
         lock.read_lock(cfg)
     with pytest.raises(UserError, match=r"is not a file; remove it and run `nox -s lock` again$"):
-        lock.write_lock(cfg)
+        sources.write_lock(cfg)
 
 
 def test_export_to_an_unwritable_place_is_one_line_before_any_work(tmp_path, upstream, daemon):
