@@ -145,7 +145,9 @@ def main() -> int:
     bare.mkdir(exist_ok=True)
     (bare / "noxfile.py").write_text(BARE_NOXFILE)
     names = list(stack_packages())
-    drop = ("PYTORCH_ROCM_ARCH", "MAX_JOBS", "ROCMFORGE_CONFIG")
+    # PYTHONDONTWRITEBYTECODE: a user's Python keeps bytecode caches; without them every run
+    # would time compiling rocmforge's sources instead of running them.
+    drop = ("PYTORCH_ROCM_ARCH", "MAX_JOBS", "ROCMFORGE_CONFIG", "PYTHONDONTWRITEBYTECODE")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(ROCMFORGE_CONFIG=str(config), COLUMNS="200")
     nox = [sys.executable, "-m", "nox"]
