@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from rocmforge import __version__
@@ -57,9 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     try:
-        return int(importlib.import_module(args._module).main(args) or 0)
+        code = int(importlib.import_module(args._module).main(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
     except UserError as exc:
         print(f"rocmforge {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `python -m rocmforge ... | head` stopped reading: nothing went wrong on our side. The
+        # interpreter flushes stdout once more at exit; give it somewhere that accepts the bytes.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE  # what a shell reports for a command a closed pipe stopped

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+import itertools
 import json
 import math
 import os
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import ahocorasick_rs
 
 from rocmforge.errors import UserError
+from rocmforge.fsutil import looks_binary, refuse_special
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -1156,9 +1158,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Print the diagnosis of one log; exit 0 when a cause was found, 1 when it is unknown."""
     if args.log == "-":
-        diagnosis = diagnose_stream(sys.stdin.buffer)
+        diagnosis = _diagnose_text("standard input", sys.stdin.buffer)
     else:
-        diagnosis = diagnose_file(args.log)
+        refuse_special(args.log, "the build or run log (or '-' and pipe it in)")
+        try:
+            with open(args.log, "rb") as f:
+                diagnosis = _diagnose_text(args.log, f)
+        except OSError:
+            diagnosis = diagnose_file(args.log)  # its one-line message for each way to fail
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
     else:
@@ -1173,6 +1180,23 @@ def main(args: argparse.Namespace) -> int:
         if (second := diagnosis.secondary) is not None:
             _print_cause(console, escape, f"also {second.category}", second.hint, second.evidence)
     return 0 if diagnosis.category != "unknown" else 1
+
+
+def _diagnose_text(name: str, stream: BinaryIO) -> Diagnosis:
+    """:func:`diagnose_stream`, after making sure the input is a text log at all.
+
+    An empty file or a binary one (a core dump, a wheel) has no cause to find; "unknown"
+    would send the user looking for one.
+    """
+    head = stream.read(_CHUNK)
+    if not head:
+        raise UserError(
+            f"{name}: empty; give the log of the failed build or run (builds keep theirs in logs/)"
+        )
+    if looks_binary(head[:65536]):
+        raise UserError(f"{name}: not a text log (binary data); give the log of the failed build or run")
+    rest = iter(functools.partial(stream.read, _CHUNK), b"")
+    return decide(read_chunks(itertools.chain([head], rest)), TUNING)
 
 
 def _print_cause(console: Any, escape: Any, title: str, hint: str, evidence: tuple[Evidence, ...]) -> None:

@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -124,6 +125,42 @@ def _read_holder(path: Path) -> str:
         return path.read_text(errors="replace").strip()
     except OSError:
         return ""
+
+
+_SPECIAL = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def refuse_special(path: str | os.PathLike[str], what: str) -> None:
+    """A ``UserError`` when ``path`` is a named pipe, device or socket (symlinks followed).
+
+    Reading one would block until some writer appears, or never end (``/dev/zero``); a command
+    given one by mistake says so at once instead. Missing files and directories are left to the
+    caller, whose message knows what it wanted.
+    """
+    try:
+        kind = _SPECIAL.get(stat.S_IFMT(os.stat(path).st_mode))
+    except OSError:
+        return
+    if kind:
+        raise UserError(f"{path}: {kind}, not a regular file; give {what}")
+
+
+_TEXT_CONTROLS = set(b"\t\n\r\x1b\x08\x0c")  # tabs, newlines, ANSI colours, backspace, form feed
+
+
+def looks_binary(data: bytes) -> bool:
+    """Whether ``data`` (the first block of a file) is not text: a NUL byte, or more than 10% of
+    it control characters or invalid UTF-8. Logs with colours and progress bars stay text."""
+    if b"\0" in data:
+        return True
+    text = data.decode("utf-8", errors="replace")
+    odd = sum(1 for ch in text if ch == "\ufffd" or (ord(ch) < 32 and ord(ch) not in _TEXT_CONTROLS))
+    return odd > len(text) // 10
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

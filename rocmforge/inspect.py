@@ -45,6 +45,7 @@ import zstandard
 
 from rocmforge.arch import GENERIC_TARGETS, TargetID, parse_target_id, validate_arch
 from rocmforge.errors import UserError
+from rocmforge.fsutil import refuse_special
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 CCOB_MAGIC = b"CCOB"
@@ -792,11 +793,14 @@ def _member_source(wheel: mmap.mmap, fd: int, info: zipfile.ZipInfo) -> _Mapped 
     raise zipfile.BadZipFile(f"compression method {info.compress_type}; wheels use stored or deflated")
 
 
-def _report_zip(path: Path) -> Iterator[FileReport]:
+def _report_zip(path: Path, *, explicit: bool) -> Iterator[FileReport]:
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
         raise UserError(f"cannot read {path} as a wheel/zip: {exc}") from None
+    # Any zip passed as "0 with GPU code": one that is not a wheel must at least hold objects.
+    not_wheel = explicit and not any(".dist-info/" in name for name in archive.namelist())
+    found = False
     with archive, open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as wheel:
         for info in archive.infolist():
             if info.is_dir() or info.file_size < 64:
@@ -806,9 +810,14 @@ def _report_zip(path: Path) -> Iterator[FileReport]:
                     if not member.read(8).startswith((ELF_MAGIC, AR_MAGIC, BUNDLE_MAGIC, CCOB_MAGIC)):
                         continue
                 src = _member_source(wheel, fh.fileno(), info)
+                found = True
                 yield from _report(src, str(path), info.filename, 0, info.file_size)
             except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
                 raise UserError(f"cannot read {info.filename} in {path}: {exc}") from None
+    if not_wheel and not found:
+        raise UserError(
+            f"{path}: a zip archive but not a wheel (no .dist-info/), and no objects inside; {_WHAT}"
+        )
 
 
 def _report_file(path: Path, *, explicit: bool) -> Iterator[FileReport]:
@@ -816,7 +825,7 @@ def _report_file(path: Path, *, explicit: bool) -> Iterator[FileReport]:
         with open(path, "rb") as fh:
             head = fh.read(8)
             if head.startswith(ZIP_MAGIC):
-                yield from _report_zip(path)
+                yield from _report_zip(path, explicit=explicit)
                 return
             if path.suffix == ".whl":  # was scanned as a blob: "no GPU code", exit 0, for a broken wheel
                 raise UserError(
@@ -826,17 +835,24 @@ def _report_file(path: Path, *, explicit: bool) -> Iterator[FileReport]:
             if not known and not explicit:
                 return
             size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                yield FileReport(str(path), None)
-                return
+            if size == 0:  # a mistyped path must not pass --require as "no GPU code"
+                raise UserError(f"{path}: empty file; {_WHAT}")
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
                 src = _Mapped(buf)
                 if known:
                     yield from _report(src, str(path), None, 0, size)
-                else:  # a raw blob named on the command line: look for bundles anywhere
-                    yield FileReport(str(path), None, tuple(_scan(src.windows(0), 0, size, size, _OFFLOAD)))
+                    return
+                # A raw blob named on the command line (a section dumped by objcopy): bundles
+                # anywhere inside make it one; none, and it is the wrong file.
+                bundles = tuple(_scan(src.windows(0), 0, size, size, _OFFLOAD))
+                if not bundles:
+                    raise UserError(f"{path}: not an ELF object, archive, code object or wheel; {_WHAT}")
+                yield FileReport(str(path), None, bundles)
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+_WHAT = "give a .so, .o, .a, code object (.co, .hsaco), wheel or a directory of them"
 
 
 def iter_reports(paths: list[str | os.PathLike[str]]) -> Iterator[FileReport]:
@@ -847,6 +863,7 @@ def iter_reports(paths: list[str | os.PathLike[str]]) -> Iterator[FileReport]:
             for sub in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
                 yield from _report_file(sub, explicit=False)
         elif path.exists():
+            refuse_special(path, _WHAT.removeprefix("give "))
             yield from _report_file(path, explicit=True)
         else:
             raise UserError(f"{path}: no such file or directory")

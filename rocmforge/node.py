@@ -40,6 +40,7 @@ from packaging.version import InvalidVersion, Version
 from rocmforge import arch_detect, contract, host, inspect, verify
 from rocmforge.doctor import FAIL, JOIN_FIX, OK, WARN, Check, render
 from rocmforge.errors import UserError
+from rocmforge.fsutil import refuse_special
 
 DEFAULT_STACK = "wheelhouse/stack.json"
 
@@ -60,6 +61,7 @@ def load_stack(source: str) -> dict:
             with urllib.request.urlopen(source, timeout=30) as response:
                 raw = response.read()
         else:
+            refuse_special(source, "the wheelhouse's stack.json")
             raw = Path(source).read_bytes()
     except (OSError, urllib.error.URLError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from rocmforge import __version__
 from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write
+from rocmforge.fsutil import atomic_write, refuse_special
 from rocmforge.wheelfile import read_member
 
 FILENAME = "rocmforge.json"
@@ -53,6 +53,7 @@ def read(target: str) -> dict:
     """Provenance of a wheel file (path) or of an installed distribution (name)."""
     if target.endswith(".whl"):
         path = Path(target)
+        refuse_special(path, "a wheel file")
         if not path.is_file():
             raise UserError(f"{target}: no such wheel; list the wheelhouse with `ls wheelhouse`")
         try:

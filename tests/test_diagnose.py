@@ -527,20 +527,13 @@ def test_cli_json_and_exit_codes(tmp_path):
 
 
 def test_empty_or_binary_log_and_unreadable_file(tmp_path):
-    # With no error line the hint read "the first error is at the log."
-    for data in (b"", b"\x00\xff\xfe binary \x00"):
-        log = tmp_path / "x.log"
+    # An empty or binary file answered "unknown" (exit 1), as if a text log had no known cause.
+    log = tmp_path / "x.log"
+    for data, why in ((b"", "empty"), (b"\x00\xff\xfe binary \x00", "not a text log (binary data)")):
         log.write_bytes(data)
         proc = _cli(str(log), "--json")
-        assert proc.returncode == 1
-        assert json.loads(proc.stdout) == {
-            "category": "unknown",
-            "hint": "no known build or run failure recognised and no error line in the log; "
-            "give the full log of the step that failed",
-            "evidence": [],
-            "first_error": None,
-            "secondary": None,
-        }
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.startswith(f"rocmforge diagnose: error: {log}: {why}; give the log of")
     # Any other read error (EIO here) was an OSError traceback.
     if Path("/proc/self/mem").exists():
         proc = _cli("/proc/self/mem")
