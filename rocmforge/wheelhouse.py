@@ -175,10 +175,12 @@ class Wheelhouse:
                 shutil.copyfile(wheel, tmp)
                 killpoints.reached("publish:copied", name.project)
                 new = _entry(wheel, Path(tmp), file_sha256(tmp))
-                keep = [e for e in self._checked() if e.project != name.project]
+                checked = self._checked()
+                keep = [e for e in checked if e.project != name.project]
                 statement = statement_path(wheel)
                 self._switch(
                     [*keep, new],
+                    retired=[e for e in checked if e.project == name.project],
                     new=new,
                     names={Path(tmp).name: name.filename},
                     statements={name.filename: statement} if statement.is_file() else {},
@@ -195,7 +197,10 @@ class Wheelhouse:
             wanted = canonicalize_name(project)
             gone = [self.root / e.path.name for e in entries if e.project == wanted]
             if gone:
-                self._switch([e for e in entries if e.project != wanted])
+                self._switch(
+                    [e for e in entries if e.project != wanted],
+                    retired=[e for e in entries if e.project == wanted],
+                )
         return gone
 
     def tidy(self) -> None:
@@ -257,17 +262,22 @@ class Wheelhouse:
         self,
         entries: list[Entry],
         *,
+        retired: list[Entry] = (),
         new: Entry | None = None,
         names: Mapping[str, str] = {},
         statements: Mapping[str, Path] = {},
     ) -> None:
         """Stage a generation holding exactly ``entries``, then make it the visible one.
 
+        ``retired``: entries leaving the set; a hand copy among them (a file, not one of our
+        names) is deleted after the switch, or the next reindex would take it back in.
         ``names`` renames files on the way in (a temp copy -> the wheel's own name);
         ``statements`` gives a wheel (by its name) a provenance statement from elsewhere; the
         others keep the statement they have beside them.
         """
-        entries = self._consistent(entries, new)
+        kept = self._consistent(entries, new)
+        retired = [*retired, *(e for e in entries if e not in kept)]
+        entries = kept
         project = new.project if new is not None else ""  # for the kill test's points
         if not entries:
             # No index rather than an empty one: a header-only constraints.txt pins nothing, so
@@ -276,6 +286,7 @@ class Wheelhouse:
             for legacy in (self.simple, self.constraints, self.root / contract.STACK_FILE):  # old layout
                 _remove(legacy)
             self._sweep()
+            self._delete_hand_copies(retired)
             return
         stage = Path(tempfile.mkdtemp(prefix=_GENERATION, dir=self.root))
         try:
@@ -312,6 +323,12 @@ class Wheelhouse:
             raise
         _fsync_dir(self.root)
         self._sweep()
+        self._delete_hand_copies(retired)
+
+    def _delete_hand_copies(self, retired: list[Entry]) -> None:
+        for e in retired:
+            if e.path.parent == self.root and e.path.is_file() and not e.path.is_symlink():
+                e.path.unlink()
 
     def _consistent(self, entries: list[Entry], new: Entry | None) -> list[Entry]:
         """``entries`` minus wheels built against dependency wheels not among them.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html.parser
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -258,3 +259,26 @@ def test_a_swapped_wheel_with_its_size_and_mtime_is_not_trusted(tmp_path, wheels
     house.publish(wheels["beta"])  # the damaged wheel is left out of the next generation
     assert [e.project for e in house.entries()] == ["beta"]
     assert links(house.simple / "index.html") == ["beta/"]
+
+
+def test_a_wheelhouse_of_the_layout_before_generations_is_taken_over(tmp_path, wheels):
+    from test_integrity import wheelhouse_problems
+
+    # What earlier rocmforge left: real wheels, a real simple/, constraints.txt, a hash cache.
+    root = tmp_path / "wh"
+    (root / "simple" / "beta").mkdir(parents=True)
+    for wheel in (wheels["alpha-1"], wheels["beta"]):
+        shutil.copy(wheel, root)
+    (root / "simple" / "index.html").write_text('<a href="beta/">beta</a>')
+    (root / "constraints.txt").write_text("# old\nalpha-pkg==1.0\nbeta==0.5\n")
+    (root / ".sha256.json").write_text("{}")
+    house = Wheelhouse(root)
+    house.publish(wheels["alpha-2"])  # replaces a wheel that was a plain file
+    assert wheelhouse_problems(root) == []
+    # requirements.txt only when uv could resolve it here (it needs an index for the rest)
+    names = {p.name for p in root.iterdir() if not p.name.startswith(".")} - {"requirements.txt"}
+    assert names == {wheels["alpha-2"].name, wheels["beta"].name, "constraints.txt", "simple", "stack.json"}
+    assert all(p.is_symlink() for p in root.iterdir() if not p.name.startswith("."))
+    assert not (root / ".sha256.json").exists() and not (root / wheels["alpha-1"].name).exists()
+    house.reindex()  # the replaced plain file does not come back
+    assert [e.path.name for e in house.entries()] == [wheels["alpha-2"].name, wheels["beta"].name]
