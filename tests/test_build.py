@@ -400,6 +400,33 @@ def test_real_vllm_sdist_through_the_vllm_session(tmp_path):
     again = nox(config, "vllm", **clean_pip)
     print(f"no-op re-run of torch+vllm: {time.monotonic() - start:.1f}s")
     assert again.returncode == 0 and again.stderr.count(": up to date (") == 2
+    # Reproducible: built again from what the wheel records, in another directory at another
+    # path (its own checkout, venv and work dir), the wheel has the same sha256.
+    environ = {k: v for k, v in os.environ.items() if k not in clean_pip["unset"]}
+    environ.update(clean_pip["env"], ROCMFORGE_CONFIG=str(config), PYTHONPATH=str(ROOT))
+    elsewhere = tmp_path / "a" / "second" / "builder"
+    start = time.monotonic()
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocmforge",
+            "rebuild-check",
+            str(vllm.path),
+            "--json",
+            "--work-dir",
+            str(elsewhere),
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    print(f"rebuild-check of vllm: {time.monotonic() - start:.1f}s")
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    result = json.loads(check.stdout)
+    assert result["identical"] and result["rebuilt_sha256"] == vllm.sha256
+    assert Path(result["rebuilt"]).is_relative_to(elsewhere)
 
 
 LOCAL_TORCH = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
