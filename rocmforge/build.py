@@ -151,7 +151,8 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     epoch = checkout.source_date_epoch
     shaping = {k: os.environ[k] for k in SHAPING_VARIABLES if k in os.environ}
     own_env = shaping_env(
-        {**shaping, **buildenv.build_environment(cfg, name, facts, base_env=shaping, ctx=ctx, cache=False)}
+        {**shaping, **buildenv.build_environment(cfg, name, facts, base_env=shaping, ctx=ctx, cache=False)},
+        recipe,
     )
     requirements = venv_requirements(recipe, ctx)
     inputs = {
@@ -249,7 +250,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         "source_date_epoch": epoch,
         "patches": [{"file": f, "sha256": s} for f, s in checkout.patches],
         "dependencies": inputs["dependencies"],
-        **_common_record(cfg, facts, {**own_env, **shaping_env(retried)}, fingerprint, pkg),
+        **_common_record(cfg, facts, {**own_env, **shaping_env(retried, recipe)}, fingerprint, pkg),
     }
     wheel, record = _fixup(ctx, recipe, built, work / "out", record, epoch=epoch)
     killpoints.reached("fixed", name)
@@ -258,7 +259,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         byproducts.append({"name": "compile cache", "annotations": cache_stats.to_record()})
     elif cache_line:
         byproducts.append({"name": "compile cache", "annotations": {"note": cache_line}})
-    host_env = {k: env[k] for k in HOST_VARIABLES if k in env}
+    host_env = {k: env[k] for k in (*HOST_VARIABLES, *recipe.location_variables) if k in env}
     _attest(cfg, wheel, record, started, internal={"env": host_env}, byproducts=byproducts)
     entry = house.publish(wheel)
     killpoints.reached("published", name)
@@ -464,12 +465,12 @@ def _attest(
     provenance.write_statement(wheel, stmt, signing_key=cfg.build.signing_key)
 
 
-def shaping_env(env: Mapping[str, str]) -> dict[str, str]:
+def shaping_env(env: Mapping[str, str], recipe) -> dict[str, str]:
     """The part of a build environment that can change the wheel's bytes: no compile-cache
-    variables (a hit is the object the compiler would make), no parallelism, no tool paths."""
-    return {
-        k: v for k, v in env.items() if not compile_cache.is_cache_variable(k) and k not in HOST_VARIABLES
-    }
+    variables (a hit is the object the compiler would make), no parallelism, no tool paths,
+    none of the recipe's ``location_variables``."""
+    skip = {*HOST_VARIABLES, *recipe.location_variables}
+    return {k: v for k, v in env.items() if not compile_cache.is_cache_variable(k) and k not in skip}
 
 
 def _dropped_projects(recipe, ctx: recipes.Context) -> set[str]:

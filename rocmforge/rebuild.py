@@ -213,6 +213,8 @@ def compare(original: Path, rebuilt: Path) -> list[MemberDiff]:
             found.append(diff)
         if not found and za.namelist() != zb.namelist():
             found.append(MemberDiff("(member order)", "zip layout"))
+    if not found:  # same members, same headers: the deflate streams differ (another zlib)
+        found.append(MemberDiff("(compressed data: equal members, other deflate output)", "zip layout"))
     return found
 
 

@@ -25,6 +25,9 @@ class Generic:
     """The default recipe; the package recipes subclass it and override what differs."""
 
     name = "generic"
+    # Variables of environment() that say where this builder keeps an input (a cache, an LLVM),
+    # not what it is: left out of the wheel's record and fingerprint, like PATH.
+    location_variables: tuple[str, ...] = ()
 
     def project_dir(self, checkout) -> Path:
         """The directory holding ``pyproject.toml`` or ``setup.py``."""

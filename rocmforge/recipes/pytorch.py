@@ -37,6 +37,7 @@ OFF_BY_DEFAULT = {"build_test": "BUILD_TEST", "use_mpi": "USE_MPI", "use_numa": 
 
 class PyTorch(Generic):
     name = "pytorch"
+    location_variables = ("AOTRITON_INSTALLED_PREFIX",)
 
     def build_requirements(self, ctx: Context) -> list[str]:
         root = self.project_dir(ctx.checkout)

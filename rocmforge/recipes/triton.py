@@ -28,6 +28,7 @@ from rocmforge.recipes.generic import Generic
 
 class Triton(Generic):
     name = "triton"
+    location_variables = ("TRITON_HOME", "LLVM_SYSPATH", "JSON_SYSPATH")
 
     def project_dir(self, checkout) -> Path:
         # Triton 3.4+ builds from the repository root; older trees keep setup.py in python/.

@@ -32,6 +32,7 @@ _FROM_WHEELHOUSE = {"torch", "torchvision", "torchaudio", "triton", "pytorch-tri
 
 class VLLM(Generic):
     name = "vllm"
+    location_variables = ("TRITON_KERNELS_SRC_DIR",)
 
     def target_device(self, ctx: Context) -> str:
         device = ctx.option("target_device", ctx.cfg.build.backend)
