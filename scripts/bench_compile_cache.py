@@ -101,7 +101,9 @@ def prepare(project: str, work: Path, args: argparse.Namespace) -> Path:
         subprocess.run([*pip, UJSON, "-d", str(work / "sdist")], check=True)
         (sdist,) = (work / "sdist").glob("ujson-*.tar.gz")
         with tarfile.open(sdist) as tar:
-            tar.extractall(work / "sdist", filter="data")
+            # Debian 12's python3 (3.11.2) predates extraction filters.
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(work / "sdist", **safe)
         next((work / "sdist").glob("ujson-*/")).rename(src)
     else:
         src.mkdir()
