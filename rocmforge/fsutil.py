@@ -85,8 +85,12 @@ def file_lock(
                             f"{path} is locked by {holder or 'another run'}; wait for it to finish or stop it"
                         ) from None
                     time.sleep(0.2)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} {what}".strip().encode())
+        line = f"pid {os.getpid()} {what}".strip().encode()
+        os.pwrite(fd, line, 0)
+        # Truncate only what is left of a longer holder line: a truncate is a journaled
+        # metadata change, and a no-op session takes several locks per package.
+        if os.fstat(fd).st_size > len(line):
+            os.ftruncate(fd, len(line))
         if inherit:
             _inherited.append(fd)
         yield path

@@ -262,6 +262,16 @@ def test_second_run_waits_and_names_the_holder(tmp_path, upstream):
     )
 
 
+def test_holder_line_replaces_a_longer_one(tmp_path):
+    # The holder is written over the last one (no truncate unless it was longer): no tail left.
+    lock = tmp_path / ".app.lock"
+    lock.write_text("pid 4000000 a much longer purpose than the next holder has")
+    with file_lock(lock, what="short"):
+        assert lock.read_text() == f"pid {os.getpid()} short"
+    with file_lock(lock, what="short"):
+        assert lock.read_text() == f"pid {os.getpid()} short"
+
+
 @pytest.mark.parametrize("phase", ["fresh", "bump"])
 def test_killed_mid_checkout_recovers(tmp_path, phase):
     up = make_upstream(tmp_path / "up", files=4000)
