@@ -70,8 +70,6 @@ SHAPING_VARIABLES = (
 HOST_VARIABLES = ("MAX_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL", "PATH", "VIRTUAL_ENV")
 STATE_FILE = "state.json"  # <work_dir>/<pkg>/state.json: what the published wheel was built from
 
-_facts_cache: list = []
-
 
 @dataclass(frozen=True)
 class Result:
@@ -97,22 +95,16 @@ def run_session(session, cfg: Config, name: str) -> Result:
     return result
 
 
-def host_facts():
-    """Host facts, gathered once per process (every session of one ``nox`` run shares them)."""
-    if not _facts_cache:
-        from rocmforge import host
-
-        _facts_cache.append(host.gather())
-    return _facts_cache[0]
-
-
 def build_package(cfg: Config, name: str, *, facts=None) -> Result:
     """Bring ``name``'s wheel in the wheelhouse up to date with the config; see the module doc."""
     from rocmforge import doctor
 
     start = time.monotonic()
     pkg = cfg.package(name)
-    facts = host_facts() if facts is None else facts
+    if facts is None:
+        from rocmforge import host
+
+        facts = host.facts(cfg.build.work_dir)
     doctor.require_ok(cfg, facts, [name])
     work = cfg.build.work_dir / name
     house = Wheelhouse(cfg.build.wheelhouse)
@@ -125,7 +117,7 @@ def build_package(cfg: Config, name: str, *, facts=None) -> Result:
 
 
 def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, start: float) -> Result:
-    from rocmforge import buildenv, diagnose, lock, sources
+    from rocmforge import buildenv, lock, sources
 
     name = pkg.name
     checkout = sources.prepare(cfg, name)
@@ -208,6 +200,8 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         failed = _run_steps(name, recipe, ctx, project_dir, env, log)
         if failed is None:
             break
+        from rocmforge import diagnose  # its rules cost an import only a failed build needs
+
         diagnosis = diagnose.diagnose_file(failed.log)
         _report_failure(name, failed, diagnosis)
         plan = None if retries else diagnose.retry_plan(diagnosis, env, cfg)

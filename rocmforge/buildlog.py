@@ -16,8 +16,6 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
 from rocmforge.console import console
 from rocmforge.fsutil import inherited_lock_fds
 
@@ -101,8 +99,12 @@ def run_step(
     return StepResult(proc.returncode, seconds, log, tuple(tail))
 
 
-def _live(label: str) -> Progress:
+def _live(label: str):
     """A one-line live display: counter and bar when ninja reports one, elapsed time, last line."""
+    # Imported here: rich.progress is the largest import of a package session, and a no-op
+    # session (every package up to date) shows no progress at all.
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
