@@ -447,7 +447,7 @@ def toolchain_session(session, cfg: Config) -> None:
     """``nox -s toolchain``: gather facts, print the table, fail the session on any failed check."""
     from rocmforge import host
 
-    facts = host.gather(build_dir=cfg.build.work_dir)
+    facts = host.facts(cfg.build.work_dir)  # the package sessions of this run reuse them
     checks = run_checks(cfg, facts)
     render(checks)
     if any(c.status == FAIL for c in checks):

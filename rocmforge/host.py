@@ -401,10 +401,17 @@ def _lib_dir(root: Path, kind: str) -> Path | None:
 
 def _make_install(root: Path, kind: str, origin: str, version: str | None = None) -> RocmInstall:
     lib_dir = _lib_dir(root, kind)
+    # One listing for all the key libraries: Debian's /usr/lib/<triplet> holds thousands of
+    # files, and a glob per library read it once each.
+    try:
+        files = sorted(os.listdir(lib_dir)) if lib_dir else []
+    except OSError:
+        files = []
     libraries: dict[str, str | None] = {}
     for name in KEY_LIBRARIES:
-        hits = sorted(glob.glob(str(lib_dir / f"lib{name}.so*"))) if lib_dir else []
-        libraries[name] = hits[0] if hits else None
+        prefix = f"lib{name}.so"
+        hit = next((f for f in files if f.startswith(prefix)), None)
+        libraries[name] = str(lib_dir / hit) if hit else None
     hipcc = root / "bin/hipcc"
     return RocmInstall(
         root=str(root),
@@ -586,6 +593,18 @@ def probe_conda(root: Path | str = "/", environ: Mapping[str, str] | None = None
 
 
 # --- gather ---------------------------------------------------------------------------------
+_THIS_RUN: dict[str, HostFacts] = {}  # build_dir -> this process's facts (see facts())
+
+
+def facts(build_dir: Path | str | None = None) -> HostFacts:
+    """This host's facts, gathered by the first caller in this process and shared with the rest:
+    one ``nox`` run's sessions (toolchain, every package, lock) look at the machine once."""
+    key = str(Path(build_dir).absolute()) if build_dir is not None else ""
+    if key not in _THIS_RUN:
+        _THIS_RUN[key] = gather(build_dir=build_dir)
+    return _THIS_RUN[key]
+
+
 def gather(
     environ: Mapping[str, str] | None = None,
     *,

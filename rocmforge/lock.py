@@ -145,7 +145,7 @@ def toolchain_facts(facts=None) -> dict[str, str]:
     """ROCm and compiler versions from host facts (gathered now when not given)."""
     from rocmforge import host
 
-    facts = host.gather() if facts is None else facts
+    facts = host.facts() if facts is None else facts
     found = {name: str(version) for name, version in facts.compilers.items() if version}
     if facts.rocm_version:
         found["rocm"] = facts.rocm_version

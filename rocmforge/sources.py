@@ -1272,7 +1272,9 @@ def write_lock(cfg: Config, *, offline: bool = False, locked: bool | None = None
     # The guard lives with the checkouts (git-ignored), not next to the committed lock file.
     with file_lock(cfg.build.third_party / f".{lock.LOCK_FILE}.lock", what="writing the lock"):
         packages = {co.package: lock.package_entry(co) for co in prepare_all(cfg, offline=offline)}
-        data = {"toolchain": lock.toolchain_facts(), "packages": packages}
+        from rocmforge import host
+
+        data = {"toolchain": lock.toolchain_facts(host.facts(cfg.build.work_dir)), "packages": packages}
         if locked:
             for name, entry in packages.items():
                 lock.refuse_dirty(name, cfg.build.third_party / name, entry.get("dirty"))

@@ -166,3 +166,12 @@ def test_gather_on_this_machine_is_fast_and_consistent():
         assert facts.compilers["gcc"][0].isdigit()
     assert facts.first_hipcc == shutil.which("hipcc")
     assert host.HostFacts.from_json(facts.to_json()) == facts
+
+
+def test_facts_are_gathered_once_per_process(tmp_path):
+    # One nox run: the toolchain session, every package session and the lock share one gather.
+    first = host.facts(tmp_path)
+    assert host.facts(tmp_path) is first
+    assert host.facts(str(tmp_path)) is first
+    elsewhere = host.facts(tmp_path / "other-disk")
+    assert elsewhere is not first and elsewhere.disk_path == str(tmp_path)

@@ -289,11 +289,11 @@ def test_stack_example_pins_what_make_repos_creates(tmp_path):
 
 def test_rocm_libraries_false_lets_a_torch_without_rocblas_pass_the_doctor(tmp_path):
     """The option the example needs: off, the doctor insists on PyTorch's ROCm libraries."""
-    from rocmforge.build import host_facts
+    from rocmforge import host
     from rocmforge.doctor import FAIL, run_checks
     from rocmforge.host import KEY_LIBRARIES, selected_rocm
 
-    facts = host_facts()
+    facts = host.facts()
     rocm = selected_rocm(facts)
     if rocm is None or all(rocm.libraries.get(n) for n in KEY_LIBRARIES):
         pytest.skip("needs a ROCm without the math libraries (Debian's hipcc)")
