@@ -143,8 +143,8 @@ def rebuild_config(cfg: Config, record: dict, wheel: Path, fresh: Path) -> Confi
         env=MappingProxyType(env),
         # The recorded commit is the pin; the tree that once named it is not rebuilt.
         pin_from=None,
-        local_version=record.get("local_version"),
-        options=MappingProxyType(dict(record.get("options") or pkg.options)),
+        local_version=record.get("local_version", pkg.local_version),
+        options=MappingProxyType(dict(record.get("options", pkg.options))),
     )
     backend = record.get("backend", cfg.build.backend)
     archs = tuple(record.get("arch") or ())
@@ -262,8 +262,8 @@ def rebuild_check(wheel: Path, *, work: Path | None = None, cfg: Config | None =
     cfg = cfg or load_config()
     if work is None:
         work = Path(tempfile.mkdtemp(prefix="rocmforge-rebuild-"))
-    elif work.exists() and any(work.iterdir()):
-        raise UserError(f"--work-dir {work}: not empty; a rebuild needs a fresh directory")
+    elif work.exists() and (not work.is_dir() or any(work.iterdir())):
+        raise UserError(f"--work-dir {work}: not an empty directory; a rebuild needs a fresh one")
     fresh = rebuild_config(cfg, record, wheel, work)
     seed_dependencies(cfg, fresh, record, wheel)
     notes = []

@@ -210,3 +210,10 @@ def test_rebuild_check_refuses_what_it_cannot_rebuild_in_one_line(tmp_path):
         f"its package 'demo' is not in {config}; run rebuild-check from the rocmforge project"
         in unknown.stderr
     )
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "something").write_text("")
+    taken = rocmforge("rebuild-check", str(ours), "--work-dir", str(busy), env=env)
+    assert taken.returncode == 2 and taken.stderr.strip().endswith(
+        f"--work-dir {busy}: not an empty directory; a rebuild needs a fresh one"
+    )
