@@ -916,7 +916,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print what each object holds; exit 1 when a required arch is missing from a bundle."""
+    """Print what each object holds; exit 1 when a required arch is missing from a bundle, or
+    when ``--require`` finds no GPU code to check at all."""
     # `is not None`: an empty --require "" is a mistake to report, not "nothing required".
     required = parse_required(args.require) if args.require is not None else ()
     report = inspect_paths(args.paths, required)
@@ -925,7 +926,9 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         _print_table(report, required)
-    return 1 if report.missing else 0
+    # No GPU code at all cannot satisfy --require: the wrong directory must not pass the gate.
+    unchecked = bool(required) and not any(f.bundles for f in report.files)
+    return 1 if report.missing or unchecked else 0
 
 
 def _print_table(report: Report, required: tuple[str, ...]) -> None:
@@ -967,4 +970,5 @@ def _print_table(report: Report, required: tuple[str, ...]) -> None:
     elif with_code:
         console.print(f"OK: --require {wanted}: every GPU bundle covers it", style="green", markup=False)
     else:
-        console.print(f"note: --require {wanted} checked nothing: no GPU code found", markup=False)
+        verdict = f"FAIL: --require {wanted}: no GPU code found, so nothing covers it"
+        console.print(verdict, style="bold red", markup=False)

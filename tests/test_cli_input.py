@@ -142,3 +142,16 @@ def test_a_closed_stdout_ends_the_command_quietly():
     _, err = proc.communicate(timeout=LIMIT)
     assert err.decode() == ""
     assert proc.returncode == 128 + signal.SIGPIPE
+
+
+@pytest.mark.timeout(3 * LIMIT)
+def test_require_fails_when_there_is_no_gpu_code_to_check(tmp_path):
+    # A directory with no objects in it (the wrong one, mistyped) passed the gate with exit 0.
+    (tmp_path / "notes.txt").write_text("nothing here\n")
+    res = run_cli("inspect", str(tmp_path), "--require", "gfx942")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert (
+        res.stderr.strip().splitlines()[-1]
+        == "FAIL: --require gfx942: no GPU code found, so nothing covers it"
+    )
+    assert run_cli("inspect", str(tmp_path)).returncode == 0  # without --require it is only a listing
