@@ -8,6 +8,7 @@ under ``if TYPE_CHECKING:``, which never run and only name types for annotations
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,16 @@ def test_a_command_imports_its_module_only():
     loaded = loaded_modules(["inspect", "--help"])
     assert "rocmforge.inspect" in loaded
     assert not loaded & {"rocmforge.build", "rocmforge.host", "rocmforge.diagnose", "rocmforge.sources"}
+
+
+def test_listing_the_sessions_loads_only_the_config():
+    # `nox -l` reads the noxfile: the config is all it needs; sessions import their modules.
+    code = (
+        "import runpy, sys\n"
+        f"runpy.run_path({str(ROOT / 'noxfile.py')!r})\n"
+        "print(*sorted(m for m in sys.modules if m.startswith('rocmforge')))"
+    )
+    env = {**os.environ, "ROCMFORGE_CONFIG": str(ROOT / "build_config.toml")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert set(proc.stdout.split()) == {"rocmforge", "rocmforge.arch", "rocmforge.config", "rocmforge.errors"}
