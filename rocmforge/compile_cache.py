@@ -201,7 +201,7 @@ def hip_clang_dir(cfg: Config, rocm_root: str) -> Path:
 # linked in one call cannot be cached by either tool: it is logged as "bypassed".
 _SCRIPT = """#!/bin/sh
 # Written by rocmforge (rocmforge/compile_cache.py) at the start of each build; do not edit.
-{real}
+{note}{real}
 {identity}compile= pre= src= lang= skip=
 for a do
   if [ -n "$skip" ]; then
@@ -257,7 +257,11 @@ def install_wrappers(cfg: Config, env: Mapping[str, str]) -> None:
                 real = shutil.which(env[real_var], path=search)
                 if real is None:
                     raise UserError(f"{var}={env[real_var]} is not on PATH; install it or set {var}")
-                scripts[Path(env[var])] = _script(tool, exe, root, real=real)
+                # The compiler's digest in the script: a build that puts its own ccache in
+                # front of CC (mori's setup.py does) keys on the wrapper, which then changes
+                # with the compiler.
+                digest = _digest(cfg, [real])
+                scripts[Path(env[var])] = _script(tool, exe, root, real=real, digest=digest)
         clangs: dict[str, str] = {}
         if ROCM_VAR in env:
             rocm, real_dir = env[ROCM_VAR], rocm_clang_dir(env[ROCM_VAR])
@@ -294,8 +298,17 @@ def _link(link: Path, target: str) -> None:
     os.replace(tmp, link)
 
 
-def _script(tool: str, exe: str, root: Path, *, real: str | None = None, identity: str | None = None) -> str:
-    """A wrapper (``real`` given) or a launcher; ``identity`` marks a HIP compiler."""
+def _script(
+    tool: str,
+    exe: str,
+    root: Path,
+    *,
+    real: str | None = None,
+    identity: str | None = None,
+    digest: str | None = None,
+) -> str:
+    """A wrapper (``real`` given) or a launcher; ``identity`` marks a HIP compiler, ``digest``
+    is the real compiler's (both end up in the script's text)."""
     lines = []
     if identity and tool == "sccache":
         lines.append(f'SCCACHE_C_CUSTOM_CACHE_BUSTER="${{SCCACHE_C_CUSTOM_CACHE_BUSTER}}{identity}"')
@@ -310,6 +323,7 @@ def _script(tool: str, exe: str, root: Path, *, real: str | None = None, identit
     return _SCRIPT.format(
         real=f"real={_sh_quote(real)}" if real else _LAUNCHER_HEAD.format(root=_sh_quote(str(root))),
         identity="".join(f"{line}\n" for line in lines),
+        note=f"# compiler sha256 {digest}\n" if digest else "",
         statslog=statslog if tool == "ccache" else "",
         tool=_sh_quote(exe),
     )
@@ -338,24 +352,30 @@ def hip_identity(cfg: Config, clang: str, rocm_root: str) -> str:
 
     The real clang binary, the LLVM/clang libraries next to it (Debian's clang is a small
     driver over libLLVM and libclang-cpp) and the ROCm's device libraries (bitcode linked into
-    every kernel). File digests are remembered by size and mtime in the wrappers' directory.
+    every kernel).
     """
     binary = os.path.realpath(clang)
     llvm_lib = os.path.join(os.path.dirname(os.path.dirname(binary)), "lib")
     files = {binary}
     files.update(str(p) for pat in ("libLLVM*.so*", "libclang-cpp*.so*") for p in Path(llvm_lib).glob(pat))
     files.update(str(p) for p in _device_libs(rocm_root, [llvm_lib]))
+    return _digest(cfg, files)[:32]
+
+
+def _digest(cfg: Config, files: Iterable[str]) -> str:
+    """One digest of the files' contents; each file's own digest is remembered by size and
+    mtime in the wrappers' directory, so a build start does not re-read a 100 MB libLLVM."""
     memo_path = wrapper_dir(cfg) / "identity.json"
     memo = read_json(memo_path) or {}
     digests = {}
-    for path in sorted(os.path.realpath(f) for f in files if os.path.isfile(f)):
+    for path in sorted({os.path.realpath(f) for f in files if os.path.isfile(f)}):
         st = os.stat(path)
         key = f"{path}:{st.st_size}:{st.st_mtime_ns}"
         if key not in memo:
             memo[key] = file_sha256(path)
         digests[path] = memo[key]
     atomic_write(memo_path, json.dumps(memo, indent=1, sort_keys=True))
-    return json_sha256(digests)[:32]
+    return json_sha256(digests)
 
 
 def _device_libs(rocm_root: str, llvm_libs: Iterable[str]) -> list[Path]:

@@ -162,6 +162,14 @@ def test_hip_identity_follows_the_compiler_and_device_libs(tmp_path):
     assert f"real='{clang}'" in text and "CCACHE_NODIRECT=1" in text
     assert compile_cache.hip_identity(cfg, str(clang), str(rocm)) in text
     assert (Path(env["HIP_CLANG_PATH"]).parent / "lib").resolve() == (rocm / "llvm/lib").resolve()
+    # A C compiler's wrapper changes with the compiler (mori puts ccache in front of CC).
+    fake_cc = fakehost.write(tmp_path / "bin" / "mycc", "#!/bin/sh\n# 1\n", mode=0o755)
+    env = {**compile_cache.launcher_env(cfg, TOOLS, compilers={"CC": "mycc"}), "PATH": str(fake_cc.parent)}
+    compile_cache.install_wrappers(cfg, env)
+    before = Path(env["CC"]).read_text()
+    fake_cc.write_text("#!/bin/sh\n# 2\n")
+    compile_cache.install_wrappers(cfg, env)
+    assert f"real='{fake_cc}'" in before and Path(env["CC"]).read_text() != before
     with pytest.raises(UserError, match="no clang under the ROCm at"):
         compile_cache.install_wrappers(cfg, compile_cache.launcher_env(cfg, TOOLS, rocm_root=str(tmp_path)))
 
