@@ -217,30 +217,40 @@ def tree_difference(tree: Path, heads: Mapping[str, str], submodules: Mapping[st
     Untracked files are build outputs as often as not (``build/``, ``*.egg-info``), so they do
     not count; ``git add`` a new file to count it. Content decides: an edit undone is clean.
     """
-    h, changed = hashlib.sha256(), False
-    for path in ["", *sorted(submodules)]:
-        where = tree / path if path else tree
-        head = git.run(["rev-parse", "HEAD"], cwd=where, check=False).stdout.strip()
-        base = heads.get(path) or head
-        status = git.run(
-            ["status", "--porcelain", "--untracked-files=no", "--ignore-submodules=all"],
-            cwd=where,
-            check=False,
-            env=_READ_ONLY,
+    paths = ["", *sorted(submodules)]
+    # One git per repository: PyTorch has dozens of submodules, so they are asked side by side.
+    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
+        diffs = list(
+            pool.map(lambda path: _repo_difference(tree / path if path else tree, heads.get(path)), paths)
         )
-        if head == base and not status.stdout.strip():
-            continue
-        # Bytes, not text: an edited file need not be UTF-8.
-        diff = subprocess.run(
-            ["git", "diff", "--binary", "--ignore-submodules=all", base],
-            cwd=where,
-            capture_output=True,
-            env={**os.environ, **git.ENV, **_READ_ONLY},
-        )
-        if diff.stdout:
-            changed = True
-            h.update(f"{path}\0".encode() + diff.stdout + b"\0")
-    return h.hexdigest() if changed else None
+    if not any(diffs):
+        return None
+    h = hashlib.sha256()
+    for path, diff in zip(paths, diffs, strict=True):
+        if diff:
+            h.update(f"{path}\0".encode() + diff + b"\0")
+    return h.hexdigest()
+
+
+def _repo_difference(where: Path, base: str | None) -> bytes:
+    """``git diff --binary`` of one repository's work tree against ``base`` (default: HEAD)."""
+    head = git.run(["rev-parse", "HEAD"], cwd=where, check=False).stdout.strip()
+    base = base or head
+    status = git.run(
+        ["status", "--porcelain", "--untracked-files=no", "--ignore-submodules=all"],
+        cwd=where,
+        check=False,
+        env=_READ_ONLY,
+    )
+    if head == base and not status.stdout.strip():
+        return b""
+    # Bytes, not text: an edited file need not be UTF-8.
+    return subprocess.run(
+        ["git", "diff", "--binary", "--ignore-submodules=all", base],
+        cwd=where,
+        capture_output=True,
+        env={**os.environ, **git.ENV, **_READ_ONLY},
+    ).stdout
 
 
 def existing(cfg: Config, name: str) -> Checkout | None:

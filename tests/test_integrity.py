@@ -200,6 +200,22 @@ def test_a_pin_map_naming_another_commit_is_not_used(tmp_path, upstream, capsys)
     assert json.loads(pins_file.read_text())[record] == upstream.shas["c2"]  # and repaired
 
 
+def test_edits_in_a_submodule_make_the_tree_dirty_and_undoing_them_clean(tmp_path, upstream):
+    from gitrepos import git_package
+    from gitrepos import write_config as sources_config
+
+    from rocmforge import sources
+
+    cfg = sources_config(tmp_path, git_package("app", upstream.file_url("app"), "v2", upstream.shas["c2"]))
+    assert sources.prepare(cfg, "app").dirty is None
+    lib = tmp_path / "third_party" / "app" / "ext" / "lib" / "lib.txt"
+    lib.write_text("my change\n")
+    dirty = sources.prepare(cfg, "app").dirty
+    assert dirty and sources.prepare(cfg, "app").dirty == dirty  # the same edit, the same hash
+    lib.write_text("lib\n")  # undone: content decides
+    assert sources.prepare(cfg, "app").dirty is None
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     """The fixture chain built once; the tests below change it and leave it sound."""
