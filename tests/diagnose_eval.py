@@ -8,6 +8,9 @@ otherwise in DEV. The rule depends only on the thread, so adding excerpts never 
 and no thread can be in both halves. The split was fixed (commit "diagnose_eval: split the corpus
 by thread") before the engine was changed for issue 15.
 
+Round 2 of issue 15 gathered ``fresh5/``; it is split on its own, half and half (``split_of``):
+its NEWTEST half is blind and scored once at the end (``--newtest``), its other half joins DEV.
+
 Tune on DEV only: ``python tests/diagnose_eval.py`` prints DEV's accuracy, unknown rate,
 per-category precision/recall and the confusion matrix, ``--cv 5`` a k-fold cross-validation by
 thread of the engine's weighing. ``--test`` scores the TEST split; it
@@ -31,6 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "diagnose"
 TEST_BELOW = 77  # of 256: the share of threads in the test split, about 30 %
+# Round 2 (issue 15, second round): the excerpts gathered into ROUND2_DIR are split on their own,
+# half and half, with a salted hash, so that none of them lands in a split an earlier version of
+# the engine was tuned on. NEWTEST is that blind half; its other half joins DEV.
+ROUND2_DIR = "fresh5"
+ROUND2_SALT = b"round2:"
+ROUND2_TEST_BELOW = 128  # of 256: about 50 %
 _THREAD = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull|discussions)/(\d+)")
 
 
@@ -43,6 +52,11 @@ class Excerpt:
     category: str
 
     @property
+    def round2(self) -> bool:
+        """Gathered for the second round (``ROUND2_DIR``), split by its own rule."""
+        return self.path.parent.name == ROUND2_DIR
+
+    @property
     def thread(self) -> str:
         """``owner/repo#number`` (GitHub), else the URL: the unit the split keeps together."""
         m = _THREAD.match(self.url)
@@ -52,6 +66,18 @@ class Excerpt:
 def in_test_split(thread: str) -> bool:
     """The fixed split: a thread is TEST when the first byte of its sha256 is below TEST_BELOW."""
     return hashlib.sha256(thread.encode()).digest()[0] < TEST_BELOW
+
+
+def in_newtest_split(thread: str) -> bool:
+    """The round-2 split: a round-2 thread is NEWTEST when its salted sha256 starts below 128."""
+    return hashlib.sha256(ROUND2_SALT + thread.encode()).digest()[0] < ROUND2_TEST_BELOW
+
+
+def split_of(e: Excerpt) -> str:
+    """``dev``, ``test`` (round 1's test split) or ``newtest`` (round 2's blind half)."""
+    if e.round2:
+        return "newtest" if in_newtest_split(e.thread) else "dev"
+    return "test" if in_test_split(e.thread) else "dev"
 
 
 def corpus() -> list[Excerpt]:
@@ -66,11 +92,11 @@ def corpus() -> list[Excerpt]:
 
 
 def split(name: str) -> list[Excerpt]:
-    """``dev``, ``test`` or ``all``."""
+    """``dev``, ``test``, ``newtest`` or ``all``."""
     items = corpus()
     if name == "all":
         return items
-    return [e for e in items if in_test_split(e.thread) == (name == "test")]
+    return [e for e in items if split_of(e) == name]
 
 
 def folds(items: Sequence[Excerpt], k: int) -> list[list[Excerpt]]:
@@ -186,7 +212,10 @@ def print_report(name: str, report: Report, *, details: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--test", action="store_true", help="score the TEST split (aggregate only)")
-    parser.add_argument("--report", action="store_true", help="with --test: the full report too")
+    parser.add_argument(
+        "--newtest", action="store_true", help="score round 2's blind NEWTEST split (aggregate only)"
+    )
+    parser.add_argument("--report", action="store_true", help="with --test/--newtest: the full report too")
     parser.add_argument("--all", action="store_true", help="score the whole corpus")
     parser.add_argument("--stats", action="store_true", help="corpus size, sources and split")
     parser.add_argument("--cv", type=int, metavar="K", help="k-fold cross-validation by thread on DEV")
@@ -194,11 +223,11 @@ def main() -> None:
     if args.stats:
         items = corpus()
         repos = Counter(e.thread.split("#")[0] for e in items)
-        test = split("test")
+        sizes = Counter(split_of(e) for e in items)
         print(
             f"{len(items)} excerpts from {len({e.thread for e in items})} threads in {len(repos)} "
-            f"repositories; test split {len(test)} excerpts ({len(test) / len(items):.0%}), "
-            f"dev {len(items) - len(test)}"
+            f"repositories; dev {sizes['dev']}, test {sizes['test']}, newtest {sizes['newtest']} "
+            f"(round 2: {sum(e.round2 for e in items)} excerpts)"
         )
         for repo, n in repos.most_common(15):
             print(f"  {n:>3} {repo}")
@@ -212,8 +241,9 @@ def main() -> None:
         unknown = sum(r.unknown for r in reports)
         print(f"cv: {right}/{total} = {right / total:.1%} right cause, {unknown / total:.1%} unknown")
         return
-    name = "test" if args.test else "all" if args.all else "dev"
-    print_report(name, score(split(name)), details=not args.test or args.report)
+    name = "test" if args.test else "newtest" if args.newtest else "all" if args.all else "dev"
+    blind = args.test or args.newtest
+    print_report(name, score(split(name)), details=not blind or args.report)
 
 
 if __name__ == "__main__":

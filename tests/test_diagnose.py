@@ -150,11 +150,17 @@ def test_dev_split_accuracy_stays_at_the_reported_level():
     assert report.unknown_rate <= 0.10
 
 
-def test_no_thread_is_in_both_halves_of_the_split():
+def test_no_thread_is_in_two_splits():
     dev = {e.thread for e in split("dev")}
     test = {e.thread for e in split("test")}
-    assert dev and test and not dev & test
+    newtest = {e.thread for e in split("newtest")}
+    assert dev and test and newtest
+    assert not dev & test and not dev & newtest and not test & newtest
     assert 0.2 < len(test) / (len(dev) + len(test)) < 0.4
+    # Round 2 is split about half and half; its NEWTEST half never mixes with round 1.
+    round2 = [e for e in corpus() if e.round2]
+    assert all(e.round2 for e in split("newtest"))
+    assert 0.35 < len(newtest) / len(round2) < 0.65
 
 
 def test_json_shape_and_evidence_point_at_the_decisive_line():
