@@ -612,9 +612,10 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
             "llvm-oom",
             "oom-killer",
         )
-    )
+    ) or (reading.first_error is not None and reading.first_error.family == "oom")
     if oom_kill and "compiler_crash" in scores:
-        # A compiler killed for memory prints a crash banner too; the kill is the cause.
+        # A compiler killed for memory prints a crash banner too; the kill is the cause (and so
+        # is memory running out when that is the log's first fatal error).
         move("compiler_crash", "oom_compiler", 0.0, "the compiler was killed for lack of memory")
     elif "compiler_crash" in scores and "oom_compiler" in scores and _signal_death_only(reading):
         # A compiler that crashes on its own prints a report (stack dump, backtrace, "PLEASE
