@@ -11,6 +11,12 @@ by thread") before the engine was changed for issue 15.
 Round 2 of issue 15 gathered ``fresh5/``; it is split on its own, half and half (``split_of``):
 its NEWTEST half is blind and scored once at the end (``--newtest``), its other half joins DEV.
 
+Blind sets: a directory named in ``tests/data/diagnose/BLIND`` (one name a line) is skipped by
+every function here, the tests and the cross-validations included, without its files being read;
+only ``--blind NAME`` scores it, once, when the engine is frozen. Add a directory's name to BLIND
+*before* its excerpts are committed, so no run can look at them by accident; ``--exclude NAME``
+skips another directory for one run.
+
 Tune on DEV only: ``python tests/diagnose_eval.py`` prints DEV's accuracy, unknown rate,
 per-category precision/recall and the confusion matrix, ``--cv 5`` a k-fold cross-validation by
 thread of the engine's weighing. ``--test`` scores the TEST split; it
@@ -40,6 +46,7 @@ TEST_BELOW = 77  # of 256: the share of threads in the test split, about 30 %
 ROUND2_DIR = "fresh5"
 ROUND2_SALT = b"round2:"
 ROUND2_TEST_BELOW = 128  # of 256: about 50 %
+BLIND_FILE = FIXTURES / "BLIND"
 _THREAD = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull|discussions)/(\d+)")
 
 
@@ -80,10 +87,26 @@ def split_of(e: Excerpt) -> str:
     return "test" if in_test_split(e.thread) else "dev"
 
 
-def corpus() -> list[Excerpt]:
-    """Every fixture, in every directory (the directories record when it was gathered)."""
+def blind_dirs() -> frozenset[str]:
+    """The directories under FIXTURES listed in ``BLIND``: held out of everything but ``--blind``."""
+    if not BLIND_FILE.is_file():
+        return frozenset()
+    lines = (line.split("#", 1)[0].strip() for line in BLIND_FILE.read_text().splitlines())
+    return frozenset(line for line in lines if line)
+
+
+def corpus(*, exclude: frozenset[str] = frozenset(), only: str = "") -> list[Excerpt]:
+    """Every fixture outside the blind directories and ``exclude`` (directory names under FIXTURES).
+
+    The directories record when an excerpt was gathered. ``only`` names one directory to read
+    instead, blind or not: the one way a blind set is ever scored (``--blind``).
+    """
+    skip = blind_dirs() | exclude
     out = []
     for path in sorted(FIXTURES.rglob("*.log")):
+        top = path.relative_to(FIXTURES).parts[0]
+        if (top != only) if only else (top in skip):
+            continue  # decided from the name alone: a blind file is never opened
         head = path.read_text(errors="replace").splitlines()[:2]
         url = head[0].removeprefix("# source:").strip()
         category = head[1].removeprefix("# category:").strip()
@@ -91,9 +114,9 @@ def corpus() -> list[Excerpt]:
     return out
 
 
-def split(name: str) -> list[Excerpt]:
-    """``dev``, ``test``, ``newtest`` or ``all``."""
-    items = corpus()
+def split(name: str, *, exclude: frozenset[str] = frozenset()) -> list[Excerpt]:
+    """``dev``, ``test``, ``newtest`` or ``all`` (always without the blind directories)."""
+    items = corpus(exclude=exclude)
     if name == "all":
         return items
     return [e for e in items if split_of(e) == name]
@@ -252,53 +275,77 @@ def print_report(name: str, report: Report, *, details: bool) -> None:
             print(f"  {name_}: expected {exp}, got {got}")
 
 
+def _print_folds(kind: str, reports: Sequence[Report], labels: Sequence[str]) -> None:
+    for i, (r, label) in enumerate(zip(reports, labels, strict=True)):
+        print_report(f"fold {i} ({label})", r, details=False)
+    total = sum(r.total for r in reports)
+    right = sum(r.correct for r in reports)
+    unknown = sum(r.unknown for r in reports)
+    print(f"{kind}: {right}/{total} = {right / total:.1%} right cause, {unknown / total:.1%} unknown")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--test", action="store_true", help="score the TEST split (aggregate only)")
     parser.add_argument(
         "--newtest", action="store_true", help="score round 2's blind NEWTEST split (aggregate only)"
     )
-    parser.add_argument("--report", action="store_true", help="with --test/--newtest: the full report too")
-    parser.add_argument("--all", action="store_true", help="score the whole corpus")
+    parser.add_argument(
+        "--blind",
+        metavar="DIR",
+        help="score the blind directory DIR (named in tests/data/diagnose/BLIND) once (aggregate only)",
+    )
+    parser.add_argument(
+        "--report", action="store_true", help="with --test/--newtest/--blind: the full report too"
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="the whole non-blind corpus instead of DEV (also for --cv/--rule-cv)",
+    )
+    parser.add_argument(
+        "--exclude", action="append", default=[], metavar="DIR", help="skip this fixture directory too"
+    )
     parser.add_argument("--stats", action="store_true", help="corpus size, sources and split")
     parser.add_argument("--cv", type=int, metavar="K", help="k-fold cross-validation by thread on DEV")
     parser.add_argument(
         "--rule-cv", type=int, metavar="K", help="k-fold cross-validation by thread of the rules on DEV"
     )
     args = parser.parse_args()
+    exclude = frozenset(args.exclude)
+    if args.blind:
+        if args.blind not in blind_dirs():
+            sys.exit(f"--blind {args.blind}: not listed in {BLIND_FILE}; name a directory listed there")
+        items = corpus(only=args.blind)
+        if not items:
+            sys.exit(f"--blind {args.blind}: no excerpts in {FIXTURES / args.blind}")
+        print_report(f"blind {args.blind}", score(items), details=args.report)
+        return
     if args.stats:
-        items = corpus()
+        items = corpus(exclude=exclude)
         repos = Counter(e.thread.split("#")[0] for e in items)
         sizes = Counter(split_of(e) for e in items)
         print(
             f"{len(items)} excerpts from {len({e.thread for e in items})} threads in {len(repos)} "
             f"repositories; dev {sizes['dev']}, test {sizes['test']}, newtest {sizes['newtest']} "
-            f"(round 2: {sum(e.round2 for e in items)} excerpts)"
+            f"(round 2: {sum(e.round2 for e in items)} excerpts; blind directories not read: "
+            f"{', '.join(sorted(blind_dirs())) or 'none'})"
         )
         for repo, n in repos.most_common(15):
             print(f"  {n:>3} {repo}")
         return
+    tune_on = split("all" if args.all else "dev", exclude=exclude)
     if args.cv:
-        reports, chosen = cross_validate(split("dev"), args.cv)
-        for i, (r, t) in enumerate(zip(reports, chosen, strict=True)):
-            print_report(f"fold {i} ({t})", r, details=False)
-        total = sum(r.total for r in reports)
-        right = sum(r.correct for r in reports)
-        unknown = sum(r.unknown for r in reports)
-        print(f"cv: {right}/{total} = {right / total:.1%} right cause, {unknown / total:.1%} unknown")
+        reports, chosen = cross_validate(tune_on, args.cv)
+        _print_folds("cv", reports, [str(t) for t in chosen])
         return
     if args.rule_cv:
-        reports, dropped = rule_cross_validate(split("dev"), args.rule_cv)
-        for i, (r, n) in enumerate(zip(reports, dropped, strict=True)):
-            print_report(f"fold {i} (without {n} signals supported only by it)", r, details=False)
-        total = sum(r.total for r in reports)
-        right = sum(r.correct for r in reports)
-        unknown = sum(r.unknown for r in reports)
-        print(f"rule-cv: {right}/{total} = {right / total:.1%} right cause, {unknown / total:.1%} unknown")
+        reports, dropped = rule_cross_validate(tune_on, args.rule_cv)
+        _print_folds("rule-cv", reports, [f"without {n} signals supported only by it" for n in dropped])
         return
     name = "test" if args.test else "newtest" if args.newtest else "all" if args.all else "dev"
     blind = args.test or args.newtest
-    print_report(name, score(split(name)), details=not blind or args.report)
+    print_report(name, score(split(name, exclude=exclude)), details=not blind or args.report)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from rocmforge.diagnose import (
 from rocmforge.errors import UserError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diagnose_eval import FIXTURES, corpus, score, split
+from diagnose_eval import FIXTURES, blind_dirs, corpus, score, split
 
 ROOT = Path(__file__).resolve().parent.parent
 FRESH = FIXTURES / "fresh"
@@ -148,6 +148,13 @@ def test_dev_split_accuracy_stays_at_the_reported_level():
     assert report.total >= 170
     assert report.accuracy >= 0.95, report.misses
     assert report.unknown_rate <= 0.10
+
+
+def test_blind_directories_stay_out_of_every_split():
+    # Round 3's set is declared blind before it lands: no test, tuning or cross-validation reads it.
+    assert "fresh6" in blind_dirs()
+    tops = {e.path.relative_to(FIXTURES).parts[0] for e in corpus()}
+    assert not tops & blind_dirs()
 
 
 def test_no_thread_is_in_two_splits():
