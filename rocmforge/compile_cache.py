@@ -176,10 +176,6 @@ def launcher_env(
             env[ROCM_VAR] = rocm_root
             # hipcc >= 7.13 would run a launcher of the user's in front of the wrapper: twice cached.
             env["HIP_CLANG_LAUNCHER"] = ""
-        if tool == "sccache" and store.backend == "local":
-            # sccache's direct mode parses clang's -E output, which --offload-compress turns into
-            # a compressed bundle (mozilla/sccache#2762, open for 0.16). Remote stores never use it.
-            env["SCCACHE_DIRECT"] = "false"
     env.update(_sccache_env(cfg) if tool == "sccache" else _ccache_env(cfg))
     return env
 
@@ -411,6 +407,11 @@ def _sccache_env(cfg: Config) -> dict[str, str]:
     if store.backend == "local":
         env["SCCACHE_DIR"] = str(local_dir(cfg))
         env["SCCACHE_CACHE_SIZE"] = store.size
+        if cfg.build.backend == "rocm" and store.hip:
+            # sccache's direct mode parses clang's -E output, which --offload-compress turns into
+            # a compressed bundle (mozilla/sccache#2762, open for 0.16); it is a setting of the
+            # whole server, hence part of the port below. Remote stores never use direct mode.
+            env["SCCACHE_DIRECT"] = "false"
     elif store.backend == "redis":
         env["SCCACHE_REDIS_ENDPOINT"] = store.url or ""
         env["SCCACHE_REDIS_KEY_PREFIX"] = store.prefix
