@@ -181,6 +181,7 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
         console.print(
             f"{name}: rebuilding, changed: {', '.join(changed[:6] + more)}", markup=False, soft_wrap=True
         )
+    before = sources.current_state(cfg, checkout)  # what the build writes into its tree is not an edit
     for stale in [dist, work / "out", *recipe.stale_paths(ctx)]:
         _remove(stale)
     (work / STATE_FILE).unlink(missing_ok=True)
@@ -198,6 +199,15 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
     first_env = dict(env)
     while True:
         failed = _run_steps(name, recipe, ctx, project_dir, env, log)
+        # Failed too: its next run starts from the tree it left
+        if written := sources.record_build_output(cfg, checkout, before):
+            shown = written[:4] + ([f"{len(written) - 4} more"] if len(written) > 4 else [])
+            console.print(
+                f"{name}: the build changed tracked files in {checkout.path} ({', '.join(shown)}); "
+                "taken as its output, not as edits",
+                markup=False,
+                soft_wrap=True,
+            )
         if failed is None:
             break
         from rocmforge import diagnose  # its rules cost an import only a failed build needs

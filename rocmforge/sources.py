@@ -166,7 +166,7 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
     bundle = _bundle_dir()
     offline = offline or bundle is not None
     if src.kind == "path":
-        return _local_tree(pkg, src)
+        return _local_tree(cfg, pkg, src)
     url, sha256 = src.url, src.sha256
     if src.kind == "rocm":
         # A tree of the ROCm install (amdsmi's share/amd_smi): named by its path and content.
@@ -199,9 +199,8 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
             _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, offline=offline, bundle=bundle)
             stamp = read_json(stamp_path)
         checkout = Checkout.from_json(stamp["checkout"])
-        checkout = replace(
-            checkout, dirty=tree_difference(tree, stamp.get("heads") or {}, checkout.submodules)
-        )
+        state = tree_state(tree, stamp.get("heads") or {}, checkout.submodules)
+        checkout = replace(checkout, dirty=_as_built(cfg, checkout, state))
     _check_locked(cfg, checkout)
     return checkout
 
@@ -209,9 +208,20 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
 _READ_ONLY = {"GIT_OPTIONAL_LOCKS": "0"}  # status must not rewrite the index: a reused tree stays untouched
 
 
-def tree_difference(tree: Path, heads: Mapping[str, str], submodules: Mapping[str, str]) -> str | None:
-    """sha256 of how ``tree`` differs from what was checked out (``heads``: repository path in
-    the tree -> its commit after the patches), or None when it does not.
+@dataclass(frozen=True)
+class TreeState:
+    """How a tree differs from what was checked out, file by file."""
+
+    # "<submodule path>:<the file's diff header>" -> sha256 of that file's diff; empty: no difference
+    files: Mapping[str, str]
+
+
+_DIFF_HEADER = re.compile(rb"^(?=diff --git )", re.M)  # no hunk or base85 line starts like this
+
+
+def tree_state(tree: Path, heads: Mapping[str, str], submodules: Mapping[str, str]) -> TreeState:
+    """How ``tree`` differs from what was checked out (``heads``: repository path in the tree ->
+    its commit after the patches).
 
     Counted: changes to tracked files and commits made since, in the tree and each submodule.
     Untracked files are build outputs as often as not (``build/``, ``*.egg-info``), so they do
@@ -223,13 +233,12 @@ def tree_difference(tree: Path, heads: Mapping[str, str], submodules: Mapping[st
         diffs = list(
             pool.map(lambda path: _repo_difference(tree / path if path else tree, heads.get(path)), paths)
         )
-    if not any(diffs):
-        return None
-    h = hashlib.sha256()
+    files: dict[str, str] = {}
     for path, diff in zip(paths, diffs, strict=True):
-        if diff:
-            h.update(f"{path}\0".encode() + diff + b"\0")
-    return h.hexdigest()
+        for chunk in filter(None, _DIFF_HEADER.split(diff)):
+            header = chunk.split(b"\n", 1)[0].decode(errors="replace")
+            files[f"{path}:{header}"] = hashlib.sha256(f"{path}\0".encode() + chunk).hexdigest()
+    return TreeState(MappingProxyType(files))
 
 
 def _repo_difference(where: Path, base: str | None) -> bytes:
@@ -253,6 +262,78 @@ def _repo_difference(where: Path, base: str | None) -> bytes:
     ).stdout
 
 
+# A build writes into its source tree, tracked files included: vLLM's sdist gets vllm/_version.py
+# and vllm.egg-info/* rewritten (setuptools-scm, egg_info), PyTorch's HIPIFY rewrites sources in
+# place. Taken as edits, they would mark the tree dirty and make every re-run rebuild. So after
+# each build, every file the build changed is recorded by its diff, with what that file's diff
+# was when the build started (None: the file was clean); a file found exactly as a build left it
+# counts as it was then. A user's edit gives the file another diff and counts; undone, the file
+# is back to a build's output and clean, even when the build writes other bytes each time (a
+# timestamp). Restoring the files after the build was the alternative: it would overwrite what a
+# user changes while a long build runs and touch mtimes that incremental builds go by, where a
+# record changes nothing in the tree. What it cannot tell apart is an edit made while the build
+# runs; the build names the files it changed for that reason.
+_OUTPUTS_KEPT = 4096  # entries no file is in now (history for edits made and undone), at most
+
+
+def _build_output_path(cfg: Config, name: str) -> Path:
+    return cfg.build.third_party / f".{name}.build-output.json"
+
+
+def _recorded_outputs(cfg: Config, checkout: Checkout) -> dict[str, str | None]:
+    """sha256 of a file's diff as a build left it -> that file's diff when the build started."""
+    record = read_json(_build_output_path(cfg, checkout.package)) or {}
+    left = record.get("left") if record.get("tree") == str(checkout.path) else None
+    return dict(left) if isinstance(left, dict) else {}
+
+
+def _as_started(state: TreeState, outputs: Mapping[str, str | None]) -> dict[str, str]:
+    """``state`` with each file that is as a build left it counted as it was when that build started."""
+    counted = {name: outputs.get(h, h) for name, h in state.files.items()}
+    return {name: h for name, h in counted.items() if h}
+
+
+def _as_built(cfg: Config, checkout: Checkout, state: TreeState) -> str | None:
+    """The dirty hash of ``checkout`` in ``state`` (None: clean), what the builds wrote left out."""
+    if not state.files:
+        return None
+    counted = _as_started(state, _recorded_outputs(cfg, checkout))
+    return json_sha256(sorted(counted.items())) if counted else None
+
+
+def current_state(cfg: Config, checkout: Checkout) -> TreeState:
+    """How ``checkout``'s tree differs from its pin and patches now (see :func:`tree_state`)."""
+    if checkout.kind == "path":
+        if checkout.commit is None:  # not a git tree: nothing to compare with
+            return TreeState(MappingProxyType({}))
+        return tree_state(checkout.path, {}, {})
+    stamp = read_json(cfg.build.third_party / f".{checkout.package}.stamp.json") or {}
+    return tree_state(checkout.path, stamp.get("heads") or {}, checkout.submodules)
+
+
+def record_build_output(cfg: Config, checkout: Checkout, before: TreeState) -> list[str]:
+    """Remember every file that the build of ``checkout`` changed since ``before``, so that the
+    next run counts it as it was before; return their diff headers' paths."""
+    after = current_state(cfg, checkout)
+    outputs = _recorded_outputs(cfg, checkout)
+    started = _as_started(before, outputs)
+    changed = [n for n, h in after.files.items() if h not in outputs and before.files.get(n) != h]
+    new = {after.files[n]: started.get(n) for n in changed}
+    in_use = {h: outputs[h] for h in after.files.values() if h in outputs}
+    older = [(h, v) for h, v in outputs.items() if h not in in_use]
+    if new or older[_OUTPUTS_KEPT:]:
+        record = {"tree": str(checkout.path), "left": dict(older[-_OUTPUTS_KEPT:]) | in_use | new}
+        atomic_write(_build_output_path(cfg, checkout.package), json.dumps(record, indent=0))
+    return [_shown(n) for n in changed]
+
+
+def _shown(name: str) -> str:
+    """The path of a :class:`TreeState` file name, for people."""
+    submodule, header = name.split(":", 1)
+    path = header.removeprefix("diff --git a/").split(" b/")[0]
+    return f"{submodule}/{path}" if submodule else path
+
+
 def existing(cfg: Config, name: str) -> Checkout | None:
     """The checkout :func:`prepare` made last for ``name``, without fetching or patching anything;
     None when there is none yet. For readers that must not touch the network (``env PKG``)."""
@@ -260,7 +341,7 @@ def existing(cfg: Config, name: str) -> Checkout | None:
     if pkg.source is None:
         return None
     if pkg.source.kind == "path":
-        return _local_tree(pkg, pkg.source)
+        return _local_tree(cfg, pkg, pkg.source)
     stamp = read_json(cfg.build.third_party / f".{name}.stamp.json")
     tree = cfg.build.third_party / name
     return Checkout.from_json(stamp["checkout"]) if stamp and tree.is_dir() else None
@@ -1234,7 +1315,7 @@ def _reusable_import(stamp_path: Path, tree: Path, sha256: str) -> str | None:
 # --------------------------------------------------------------------------- local trees
 
 
-def _local_tree(pkg: Package, src: Source) -> Checkout:
+def _local_tree(cfg: Config, pkg: Package, src: Source) -> Checkout:
     """A ``path`` source is used as it is: recorded, never modified (so no patches)."""
     if not src.path.is_dir():
         raise UserError(f"packages.{pkg.name}.source.path: {src.path} is not a directory")
@@ -1243,12 +1324,11 @@ def _local_tree(pkg: Package, src: Source) -> Checkout:
             f"packages.{pkg.name}.patches: a local tree is used as it is; apply the patches there yourself "
             "and remove them from the config"
         )
-    commit = dirty = None
+    commit = None
     if git.run(["rev-parse", "--git-dir"], cwd=src.path, check=False).returncode == 0:
         commit = git.run(["rev-parse", "HEAD"], cwd=src.path).stdout.strip()
-        dirty = tree_difference(src.path, {}, {})  # uncommitted edits: the commit alone is not the tree
     epoch = commit_time(commit, cwd=src.path) if commit else None
-    return Checkout(
+    checkout = Checkout(
         package=pkg.name,
         path=src.path,
         project_dir=src.path / src.subdir if src.subdir else src.path,
@@ -1260,8 +1340,9 @@ def _local_tree(pkg: Package, src: Source) -> Checkout:
         submodules=MappingProxyType({}),
         patches=(),
         source_date_epoch=epoch,
-        dirty=dirty,
     )
+    # uncommitted edits: the commit alone is not the tree
+    return replace(checkout, dirty=_as_built(cfg, checkout, current_state(cfg, checkout)))
 
 
 # --------------------------------------------------------------------------- the lock session

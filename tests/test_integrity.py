@@ -298,3 +298,77 @@ def test_an_edited_tree_is_marked_dirty_and_refused_by_locked_mode(chain):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [wheel_name(w).version for w in house.glob("patchme-*.whl")] == ["1.0.0+rf"]
     assert wheelhouse_problems(house) == []
+
+
+# As setuptools-scm does in vLLM's sdist, every build rewrites a tracked file of its tree, here
+# with the time, so that no two builds write the same bytes; and as PyTorch's HIPIFY, it rewrites
+# a source file in place.
+_WRITES_INTO_ITS_TREE = """\
+import time
+from pathlib import Path
+
+from setuptools import setup
+
+Path("scribe/_version.py").write_text(f"version = '1.0'  # built at {time.time_ns()}\\n")
+kernel = Path("scribe/kernel.py")
+kernel.write_text(kernel.read_text().replace("cuda", "hip"))
+setup()
+"""
+
+
+def test_what_the_build_writes_into_its_tree_is_no_edit_and_a_users_edit_is(tmp_path, capfd):
+    from gitrepos import Upstream, commit, git_package
+
+    from rocmforge.build import build_package
+    from rocmforge.config import load_config
+    from rocmforge.host import gather
+
+    up = Upstream(tmp_path / "up")
+    sha = commit(
+        up.new("scribe"),
+        {
+            "setup.py": _WRITES_INTO_ITS_TREE,
+            "pyproject.toml": '[project]\nname = "scribe"\nversion = "1.0"\n',
+            "scribe/__init__.py": "ANSWER = 42\n",
+            "scribe/_version.py": "version = 'unknown'\n",
+            "scribe/kernel.py": "DEVICE = 'cuda'\n",
+        },
+        "scribe 1.0",
+    )
+    up.publish("scribe")
+    config = tmp_path / "rocmforge.toml"
+    config.write_text(
+        '[build]\nbackend = "cpu"\nwork_dir = "out"\nwheelhouse = "out/wheelhouse"\nlogs_dir = "out/logs"\n'
+        'third_party = "out/third_party"\n'
+        + git_package("scribe", up.file_url("scribe"), "main", sha, pkg='local_version = "rf"')
+    )
+    cfg, facts = load_config(config, environ={}), gather()
+    tree = tmp_path / "out" / "third_party" / "scribe"
+
+    def build() -> tuple[str, str]:
+        result = build_package(cfg, "scribe", facts=facts)
+        return result.status, wheel_name(result.wheel).version
+
+    assert build() == ("built", "1.0+rf")
+    assert "the build changed tracked files in" in capfd.readouterr().err
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "-uno"], cwd=tree, capture_output=True, text=True
+    )
+    assert status.stdout == " M scribe/_version.py\n M scribe/kernel.py\n"  # tracked, written by the build
+    assert build() == ("up to date", "1.0+rf")
+    # A user's edit is one: marked dirty and built, and its build's own writes are again none.
+    (tree / "scribe" / "__init__.py").write_text("ANSWER = 43\n")
+    status, version = build()
+    assert status == "built" and re.fullmatch(r"1\.0\+rf\.dirty\.[0-9a-f]{8}", version), version
+    assert build() == ("up to date", version)
+    # Undone, with the build's writes (other bytes than the first build's) still there: clean.
+    (tree / "scribe" / "__init__.py").write_text("ANSWER = 42\n")
+    assert build() == ("built", "1.0+rf")
+    assert build() == ("up to date", "1.0+rf")
+    # An edit to a file the build rewrites in place stays an edit after the build rewrote it.
+    kernel = tree / "scribe" / "kernel.py"
+    kernel.write_text(kernel.read_text() + "FALLBACK = 'cuda'\n")
+    status, version = build()
+    assert status == "built" and re.fullmatch(r"1\.0\+rf\.dirty\.[0-9a-f]{8}", version), version
+    assert kernel.read_text() == "DEVICE = 'hip'\nFALLBACK = 'hip'\n"
+    assert build() == ("up to date", version)
