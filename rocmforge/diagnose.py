@@ -64,6 +64,9 @@ if TYPE_CHECKING:
 RULES_FILE = Path(__file__).with_name("diagnose_rules.toml")
 # Below this score nothing in the log is a known failure: the category is ``unknown``.
 MIN_SCORE = 5.0
+# From this score on, the category rests on a rule for the very phenomenon (specific signals
+# weigh 6 to 10, family signals 5): its confidence is "high".
+HIGH_SCORE = 8.0
 MAX_EVIDENCE = 5
 _MAX_LINE = 4000  # characters of one line looked at; minified blobs are not evidence
 _MAX_HITS_PER_SIGNAL = 3
@@ -85,6 +88,7 @@ class FirstError:
     text: str
     family: str  # one of RULES.family_names: compiler, linker, loader, cmake, ...
     fallback: str = ""  # the cause this shape of line alone shows, if any (see diagnose_rules.toml)
+    also: str = ""  # the cause that often shows the same way, named second with the fallback
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,10 @@ class Diagnosis:
 
     ``first_error`` is the log's first fatal error and its family, found independently of the
     cause (it is there for ``unknown`` too); ``secondary`` is a second cause the log shows as
-    well, when there is one.
+    well, or the one that most often shows the same way, when there is one. ``confidence`` says
+    what the category rests on: ``high`` a rule for this very phenomenon, ``medium`` only
+    wordings of its family (or weaker rules together), ``low`` only the shape and family of the
+    first fatal error (the most likely cause of such a line), ``none`` for ``unknown``.
     """
 
     category: str
@@ -110,13 +117,15 @@ class Diagnosis:
     evidence: tuple[Evidence, ...] = ()
     first_error: FirstError | None = None
     secondary: Cause | None = None
+    confidence: str = "none"
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form (fields are only ever added)::
 
         {"category", "hint", "evidence": [{"line", "text"}],
          "first_error": {"line", "text", "family"} or null,
-         "secondary": {"category", "hint", "evidence"} or null}
+         "secondary": {"category", "hint", "evidence"} or null,
+         "confidence": "high" | "medium" | "low" | "none"}
         """
         first = self.first_error
         second = self.secondary
@@ -134,6 +143,7 @@ class Diagnosis:
                 "hint": second.hint,
                 "evidence": _evidence_json(second.evidence),
             },
+            "confidence": self.confidence,
         }
 
 
@@ -188,6 +198,7 @@ class Signal:
     unless: re.Pattern[str] | None = None
     family: str = ""
     example: str = ""
+    also: str = ""  # a second cause that often shows the same way (named when no other shows)
 
 
 @dataclass(frozen=True)
@@ -201,6 +212,7 @@ class LineRule:
     family: str  # for a fact: ""
     example: str
     fallback: str = ""  # fatal rules only: the cause this shape alone shows, if any
+    also: str = ""  # fatal rules only: the cause that often shows the same way as the fallback
 
 
 @dataclass(frozen=True)
@@ -221,8 +233,8 @@ class Rules:
 
 
 _MACRO = re.compile(r"<<(\w+)>>")
-_SIGNAL_KEYS = {"name", "category", "weight", "needles", "pattern", "unless", "family", "example"}
-_LINE_RULE_KEYS = {"name", "family", "needles", "pattern", "unless", "example", "fallback"}
+_SIGNAL_KEYS = {"name", "category", "weight", "needles", "pattern", "unless", "family", "example", "also"}
+_LINE_RULE_KEYS = {"name", "family", "needles", "pattern", "unless", "example", "fallback", "also"}
 
 
 def load_rules(path: Path = RULES_FILE) -> Rules:
@@ -250,8 +262,8 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
         name = spec.get("name", "?")
         if set(spec) - _SIGNAL_KEYS or not {"name", "category", "weight", "needles", "pattern"} <= set(spec):
             raise ValueError(f"{path}: signal {name}: keys {sorted(spec)}; allowed {sorted(_SIGNAL_KEYS)}")
-        if spec["category"] not in categories:
-            raise ValueError(f"{path}: signal {name}: unknown category {spec['category']!r}")
+        if spec["category"] not in categories or spec.get("also", spec["category"]) not in categories:
+            raise ValueError(f"{path}: signal {name}: unknown category in {spec['category']!r}/also")
         if spec.get("family", family_names[0]) not in family_names:
             raise ValueError(f"{path}: signal {name}: family {spec['family']!r} not in {family_names}")
         if any(n != n.lower() for n in spec["needles"]) or not spec["needles"]:
@@ -266,6 +278,7 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
                 compile_(spec["unless"], f"signal {name}") if "unless" in spec else None,
                 spec.get("family", categories[spec["category"]]["family"]),
                 spec.get("example", ""),
+                spec.get("also", ""),
             )
         )
     if len({s.name for s in signals}) != len(signals):
@@ -276,15 +289,16 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
         for spec in data[kind]:
             name = spec.get("name", "?")
             required = {"name", "needles", "pattern", "example"} | ({"family"} if with_family else set())
-            allowed = _LINE_RULE_KEYS if with_family else _LINE_RULE_KEYS - {"family", "fallback"}
+            allowed = _LINE_RULE_KEYS if with_family else _LINE_RULE_KEYS - {"family", "fallback", "also"}
             if set(spec) - allowed or not required <= set(spec):
                 raise ValueError(f"{path}: {kind} {name}: keys {sorted(spec)}; allowed {sorted(allowed)}")
             if with_family and spec["family"] not in family_names:
                 raise ValueError(f"{path}: {kind} {name}: family {spec['family']!r} not in {family_names}")
             if any(n != n.lower() for n in spec["needles"]) or not spec["needles"]:
                 raise ValueError(f"{path}: {kind} {name}: needles must be lower-case, at least one")
-            if spec.get("fallback", "") not in ("", *categories):
-                raise ValueError(f"{path}: {kind} {name}: unknown fallback {spec['fallback']!r}")
+            for key in ("fallback", "also"):
+                if spec.get(key, "") not in ("", *categories):
+                    raise ValueError(f"{path}: {kind} {name}: unknown {key} {spec[key]!r}")
             out.append(
                 LineRule(
                     name,
@@ -294,6 +308,7 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
                     spec.get("family", ""),
                     spec["example"],
                     spec.get("fallback", ""),
+                    spec.get("also", ""),
                 )
             )
         return tuple(out)
@@ -457,7 +472,7 @@ class _Reading:
                 if any(n in low for n in rule.needles):
                     core = body(text) if core is None else core
                     if rule.pattern.search(core) and not (rule.unless and rule.unless.search(core)):
-                        self.first_error = FirstError(number, text, rule.family, rule.fallback)
+                        self.first_error = FirstError(number, text, rule.family, rule.fallback, rule.also)
                         break
         tried: set[str] = set()
         present = {i for i, _, _ in _SIGNAL_NEEDLES.find_matches_as_indexes(low.encode(), overlapping=True)}
@@ -740,11 +755,16 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
         key=lambda cat: (-scores[cat], _first_line(reading, cat) if _has_hits(reading, cat) else 0),
     )
     fallback: list[_Hit] = []
+    confidence = "high" if ranked and scores[ranked[0]] >= HIGH_SCORE else "medium"
     if not ranked and first is not None and first.fallback:
-        # No signal is strong enough, but the first fatal error's shape alone names the cause.
+        # No signal is strong enough, but the first fatal error's shape and family name the
+        # most likely cause (diagnose_rules.toml gives, per shape, how often it was right).
         ranked = [first.fallback]
-        sig = Signal("first-fatal-error", (), first.fallback, 0.0, _NOTHING, family=first.family)
+        sig = Signal(
+            "first-fatal-error", (), first.fallback, 0.0, _NOTHING, family=first.family, also=first.also
+        )
         fallback = [_Hit(sig, first.line, first.text, {})]
+        confidence = "low"
     if not ranked:
         return _unknown(reading)
     category = ranked[0]
@@ -760,8 +780,25 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
         # A second cause only where it shows on lines of its own (not a reading of the same lines).
         if other_hits and not {h.line for h in other_hits} & {h.line for h in hits}:
             secondary = Cause(other, _hint(other, other_hits, reading, why.get(other)), _evidence(other_hits))
+    also = hits[0].signal.also if hits else ""
+    if secondary is None and also and also != category:
+        # The same lines are as often the sign of another cause (no GPU listed: missing device
+        # or no permission to open it): name it second, on the same evidence.
+        secondary = Cause(also, _hint(also, hits, reading, None), _evidence(hits))
+    hint = _hint(category, hits, reading, why.get(category))
+    if fallback and hits is fallback:
+        # Named from the shape of the first fatal error alone: say so, and keep the family's
+        # next step for when the guess is wrong.
+        step = RULES.next_steps[first.family].format(line=first.line)
+        hint = f"most likely {category}, from the first fatal error alone ({first.family}): {hint}"
+        hint += f". If not: {step}"
     return Diagnosis(
-        category, _hint(category, hits, reading, why.get(category)), _evidence(hits), first, secondary
+        category,
+        hint,
+        _evidence(hits),
+        first,
+        secondary,
+        confidence,
     )
 
 
@@ -1177,7 +1214,10 @@ def main(args: argparse.Namespace) -> int:
         first = diagnosis.first_error
         if first is not None:
             console.print(f"first fatal error ({first.family}) at line {first.line}")
-        _print_cause(console, escape, diagnosis.category, diagnosis.hint, diagnosis.evidence)
+        title = diagnosis.category
+        if diagnosis.category != "unknown":
+            title += f" ({diagnosis.confidence} confidence)"
+        _print_cause(console, escape, title, diagnosis.hint, diagnosis.evidence)
         if (second := diagnosis.secondary) is not None:
             _print_cause(console, escape, f"also {second.category}", second.hint, second.evidence)
     return 0 if diagnosis.category != "unknown" else 1

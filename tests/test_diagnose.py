@@ -174,7 +174,7 @@ def test_json_shape_and_evidence_point_at_the_decisive_line():
     path = FIXTURES / "oom_compiler-fc-planner-1.log"
     d = diagnose_file(path).to_json()
     # The shape only grows: the first three keys are the original contract.
-    assert list(d) == ["category", "hint", "evidence", "first_error", "secondary"]
+    assert list(d) == ["category", "hint", "evidence", "first_error", "secondary", "confidence"]
     assert d["category"] == "oom_compiler"
     first = d["evidence"][0]
     assert set(first) == {"line", "text"}
@@ -322,17 +322,23 @@ def test_hipcc_with_a_bad_arch(tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
-def test_an_unknown_failure_still_names_the_first_fatal_error_and_what_to_do(tmp_path):
+def test_a_compile_error_no_rule_knows_is_named_from_its_first_fatal_error(tmp_path):
+    # No rule knows this wording: the shape of the first fatal error (a source line the
+    # compiler rejects) names the likeliest cause, with low confidence, and keeps the next step.
     (tmp_path / "bad.cpp").write_text("int main() { return undeclared_name; }\n")
     out = _run(["g++", "-c", "bad.cpp", "-o", "bad.o"], cwd=tmp_path)
     log = "[1/2] Building CXX object bad.o\n" + out + "ninja: build stopped: subcommand failed.\n"
     d = diagnose_text(log)
-    assert d.category == "unknown", log
+    assert (d.category, d.confidence) == ("compiler_version", "low"), log
     first = d.first_error
     assert first.family == "compiler" and "undeclared_name" in first.text
     assert log.splitlines()[first.line - 1] == first.text  # the line number is the log's
     assert d.evidence[0].line == first.line
-    assert f"the compiler stopped at line {first.line}" in d.hint
+    assert d.hint.startswith("most likely compiler_version, from the first fatal error alone (compiler)")
+    assert f"If not: the compiler stopped at line {first.line}" in d.hint
+    # Without any fatal error there is nothing to guess from.
+    quiet = diagnose_text("bad.cpp:1:5: warning: unused variable 'x'\nninja: build stopped\n")
+    assert (quiet.category, quiet.confidence) == ("unknown", "none")
 
 
 def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_fires():
@@ -343,7 +349,23 @@ def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_
     )
     d = diagnose_text(gone)
     assert (d.category, d.first_error.family, d.evidence[0].line) == ("network_fetch", "network", 2)
-    assert diagnose_text("x.cpp:1:1: error: expected ';'\n").category == "unknown"
+    # The compiler driver refusing before any source is compiled has many causes: no guess.
+    assert diagnose_text("clang-14: error: unable to execute command: ld.lld\n").category == "unknown"
+
+
+def test_runtime_wordings_are_read_whatever_their_case_and_name_the_likely_second_cause():
+    d = diagnose_text(
+        "Traceback (most recent call last):\nRuntimeError: HIP error: Invalid device function\n"
+    )
+    assert (d.category, d.first_error.family) == ("arch_mismatch", "hip_runtime")
+    # No GPU listed: most often none is there for the runtime, as often one this user may not
+    # open; the second is named on the same line.
+    d = diagnose_text("RuntimeError: No HIP GPUs are available\n")
+    assert (d.category, d.confidence, d.secondary.category) == ("no_gpu_visible", "high", "device_permission")
+    assert d.secondary.evidence == d.evidence and "usermod" in d.secondary.hint
+    # A HIP runtime failure no signal knows still names the most likely cause of its shape.
+    d = diagnose_text("hipErrorNoDevice returned from hipGetDeviceCount\n")
+    assert (d.category, d.secondary.category) == ("no_gpu_visible", "device_permission")
 
 
 def test_two_causes_in_one_log_are_both_reported_with_their_lines():
@@ -529,7 +551,9 @@ def test_cli_json_and_exit_codes(tmp_path):
 
     proc = _cli(str(FIXTURES / "arch_not_specified-kernel-builder-142.log"))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.startswith("first fatal error (cmake) at line 5\narch_not_specified: ")  # the console
+    assert proc.stderr.startswith(  # the console
+        "first fatal error (cmake) at line 5\narch_not_specified (high confidence): "
+    )
 
     proc = _cli("-", "--json", stdin="all good\nbuild finished\n")
     assert proc.returncode == 1 and json.loads(proc.stdout)["category"] == "unknown"
