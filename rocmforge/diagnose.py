@@ -249,13 +249,13 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
         if spec.get("family") not in family_names:
             raise ValueError(f"{path}: category {c}: family {spec.get('family')!r} not in {family_names}")
 
-    def compile_(text: str, where: str) -> re.Pattern[str]:
+    def compile_(text: str, where: str, flags: int = 0) -> re.Pattern[str]:
         def expand(m: re.Match[str]) -> str:
             if m.group(1) not in macros:
                 raise ValueError(f"{path}: {where}: unknown macro <<{m.group(1)}>>")
             return macros[m.group(1)]
 
-        return re.compile(_MACRO.sub(expand, text))
+        return re.compile(_MACRO.sub(expand, text), flags)
 
     signals = []
     for spec in data["signal"]:
@@ -274,8 +274,10 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
                 tuple(spec["needles"]),
                 spec["category"],
                 float(spec["weight"]),
-                compile_(spec["pattern"], f"signal {name}"),
-                compile_(spec["unless"], f"signal {name}") if "unless" in spec else None,
+                # A phenomenon's words come in every casing ("Invalid device function", "No HIP
+                # GPUs", "no hip gpus"); its needles are lower-case already.
+                compile_(spec["pattern"], f"signal {name}", re.IGNORECASE),
+                compile_(spec["unless"], f"signal {name}", re.IGNORECASE) if "unless" in spec else None,
                 spec.get("family", categories[spec["category"]]["family"]),
                 spec.get("example", ""),
                 spec.get("also", ""),

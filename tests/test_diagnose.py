@@ -77,6 +77,8 @@ def test_rule_matches_its_example(sig):
     assert sig.example, f"{sig.name}: no example"
     line = body(sig.example)
     assert sig.pattern.search(line), f"{sig.name}: pattern misses its example"
+    # Tools word the same phenomenon in other casings ("Invalid device function").
+    assert sig.pattern.search(line.swapcase()), f"{sig.name}: pattern depends on the example's case"
     assert not (sig.unless and sig.unless.search(line)), f"{sig.name}: 'unless' rejects its example"
     assert any(n in sig.example.lower() for n in sig.needles), f"{sig.name}: no needle in its example"
     assert sig.family in RULES.family_names
