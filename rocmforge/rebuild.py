@@ -66,6 +66,7 @@ class Outcome:
     members: list[MemberDiff]
     diffoscope: str | None  # its text report, or None when not installed / not run
     notes: list[str]
+    work: Path  # the rebuild's directory
 
     @property
     def identical(self) -> bool:
@@ -81,6 +82,7 @@ class Outcome:
             "members": [dataclasses.asdict(m) for m in self.members],
             "diffoscope": self.diffoscope,
             "notes": self.notes,
+            "work_dir": str(self.work),
         }
 
 
@@ -284,7 +286,7 @@ def rebuild_check(wheel: Path, *, work: Path | None = None, cfg: Config | None =
         report = _diffoscope(wheel, result.wheel)
         if report is None:
             notes.append("diffoscope is not installed; members and ELF sections compared by rocmforge")
-    return Outcome(wheel, original_sha, result.wheel, rebuilt_sha, members, report, notes)
+    return Outcome(wheel, original_sha, result.wheel, rebuilt_sha, members, report, notes, work)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -305,9 +307,9 @@ def main(args: argparse.Namespace) -> int:
     """Rebuild, compare, report; exit 1 when the rebuild differs."""
     made_here = args.work_dir is None
     outcome = rebuild_check(args.wheel, work=args.work_dir)
-    work = outcome.rebuilt.parents[1]  # <work>/wheelhouse/<wheel>
+    work = outcome.work
     if args.json:
-        print(json.dumps({**outcome.to_json(), "work_dir": str(work)}, indent=2))
+        print(json.dumps(outcome.to_json(), indent=2))
     else:
         _print(outcome)
     if outcome.identical and made_here and not args.keep:
