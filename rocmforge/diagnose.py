@@ -679,6 +679,10 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
         # "downloading X" right before an error makes that error the download's.
         scores["network_fetch"] += 2.0
 
+    if "device_permission" in scores and "no_gpu_visible" in scores:
+        # "No GPU" is what a runtime that may not open /dev/kfd reports: with a line saying the
+        # device nodes are refused, that refusal is the cause.
+        move("no_gpu_visible", "device_permission", 0.0, "the GPU is there but its device nodes are refused")
     if "runtime" in facts and "no_gpu_visible" in scores and "arch_not_specified" in scores:
         # "Failed to get device count" while running means no GPU, not a build without archs.
         move("arch_not_specified", "no_gpu_visible", 0.0, "the error comes from a running program")

@@ -365,6 +365,11 @@ def test_runtime_wordings_are_read_whatever_their_case_and_name_the_likely_secon
     d = diagnose_text("RuntimeError: No HIP GPUs are available\n")
     assert (d.category, d.confidence, d.secondary.category) == ("no_gpu_visible", "high", "device_permission")
     assert d.secondary.evidence == d.evidence and "usermod" in d.secondary.hint
+    # With a line saying the device nodes are refused, the refusal is the cause of "no GPU".
+    d = diagnose_text(
+        "Unable to open /dev/kfd read-write: Permission denied\nRuntimeError: No HIP GPUs are available\n"
+    )
+    assert d.category == "device_permission" and d.evidence[0].line == 1
     # A HIP runtime failure no signal knows still names the most likely cause of its shape.
     d = diagnose_text("hipErrorNoDevice returned from hipGetDeviceCount\n")
     assert (d.category, d.secondary.category) == ("no_gpu_visible", "device_permission")
