@@ -199,6 +199,7 @@ class Signal:
     family: str = ""
     example: str = ""
     also: str = ""  # a second cause that often shows the same way (named when no other shows)
+    examples: tuple[str, ...] = ()  # every line it must match: ``example`` and the other wordings
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,7 @@ class LineRule:
     example: str
     fallback: str = ""  # fatal rules only: the cause this shape alone shows, if any
     also: str = ""  # fatal rules only: the cause that often shows the same way as the fallback
+    examples: tuple[str, ...] = ()  # every line it must match: ``example`` and other wordings
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,11 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
 
         return re.compile(_MACRO.sub(expand, text), flags)
 
+    def examples(spec: dict[str, Any]) -> tuple[str, ...]:
+        # `example` is one line, or a list of the wordings of a family (the first is shown).
+        value = spec.get("example", "")
+        return (value,) if isinstance(value, str) else tuple(value)
+
     signals = []
     for spec in data["signal"]:
         name = spec.get("name", "?")
@@ -279,8 +286,9 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
                 compile_(spec["pattern"], f"signal {name}", re.IGNORECASE),
                 compile_(spec["unless"], f"signal {name}", re.IGNORECASE) if "unless" in spec else None,
                 spec.get("family", categories[spec["category"]]["family"]),
-                spec.get("example", ""),
+                examples(spec)[0],
                 spec.get("also", ""),
+                examples(spec),
             )
         )
     if len({s.name for s in signals}) != len(signals):
@@ -308,9 +316,10 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
                     compile_(spec["pattern"], f"{kind} {name}"),
                     compile_(spec["unless"], f"{kind} {name}") if "unless" in spec else None,
                     spec.get("family", ""),
-                    spec["example"],
+                    examples(spec)[0],
                     spec.get("fallback", ""),
                     spec.get("also", ""),
+                    examples(spec),
                 )
             )
         return tuple(out)
