@@ -262,12 +262,18 @@ def rebuild_check(wheel: Path, *, work: Path | None = None, cfg: Config | None =
         raise UserError(f"{wheel}: no such wheel; give the path of a wheel built by rocmforge")
     record = provenance.read(str(wheel))
     cfg = cfg or load_config()
+    made_here = work is None
     if work is None:
         work = Path(tempfile.mkdtemp(prefix="rocmforge-rebuild-"))
     elif work.exists() and (not work.is_dir() or any(work.iterdir())):
         raise UserError(f"--work-dir {work}: not an empty directory; a rebuild needs a fresh one")
-    fresh = rebuild_config(cfg, record, wheel, work)
-    seed_dependencies(cfg, fresh, record, wheel)
+    try:
+        fresh = rebuild_config(cfg, record, wheel, work)
+        seed_dependencies(cfg, fresh, record, wheel)
+    except BaseException:
+        if made_here:  # nothing was built: a refused rebuild leaves no directory behind
+            shutil.rmtree(work, ignore_errors=True)
+        raise
     notes = []
     extra = sorted(
         k for k in build.SHAPING_VARIABLES if k in os.environ and k not in (record.get("env") or {})

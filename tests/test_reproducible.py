@@ -193,7 +193,8 @@ def test_rebuild_check_passes_then_names_a_changed_flag(tmp_path):
 def test_rebuild_check_refuses_what_it_cannot_rebuild_in_one_line(tmp_path):
     config = tmp_path / "rocmforge.toml"
     config.write_text('[build]\nbackend = "cpu"\n[packages.other.source]\nkind = "path"\npath = "."\n')
-    env = {"ROCMFORGE_CONFIG": str(config)}
+    (tmp_path / "tmp").mkdir()
+    env = {"ROCMFORGE_CONFIG": str(config), "TMPDIR": str(tmp_path / "tmp")}
     missing = rocmforge("rebuild-check", str(tmp_path / "nope-1.0-py3-none-any.whl"), env=env)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "no such wheel" in missing.stderr
@@ -213,6 +214,7 @@ def test_rebuild_check_refuses_what_it_cannot_rebuild_in_one_line(tmp_path):
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "something").write_text("")
+    assert list((tmp_path / "tmp").iterdir()) == []  # the refused rebuilds left no directory
     taken = rocmforge("rebuild-check", str(ours), "--work-dir", str(busy), env=env)
     assert taken.returncode == 2 and taken.stderr.strip().endswith(
         f"--work-dir {busy}: not an empty directory; a rebuild needs a fresh one"
