@@ -713,7 +713,7 @@ def index_session(session, cfg: Config) -> None:
     A configured package without its wheel fails the session: installing the stack without it
     would take PyPI's release of that name (or none), not the one configured here.
     """
-    from rocmforge.install import REQUIREMENTS, install_commands
+    from rocmforge.install import REQUIREMENTS, install_commands, resolved_offline
 
     house = Wheelhouse(cfg.build.wheelhouse)
     entries = house.reindex()
@@ -738,7 +738,7 @@ def index_session(session, cfg: Config) -> None:
             f"{house.root / REQUIREMENTS} could not be written (see the line above); install commands need it"
         )
     session.log(f"index: {house.simple}  requirements: {house.root / REQUIREMENTS}")
-    for command in install_commands(house.root):
+    for command in install_commands(house.root, offline=resolved_offline(house.root)):
         session.log(command)
 
 

@@ -41,7 +41,7 @@ from packaging.version import InvalidVersion, Version
 from rocmforge import inspect
 from rocmforge.errors import UserError
 from rocmforge.fsutil import file_sha256
-from rocmforge.install import REQUIREMENTS, install_argv, uv_binary
+from rocmforge.install import REQUIREMENTS, install_argv, resolved_offline, uv_binary
 from rocmforge.wheelfile import wheel_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -791,19 +791,37 @@ def fresh_venv(venv: Path, wheelhouse: Path, python: str, *, offline: bool = Fal
     vpy = str(venv / "bin" / "python")
     if offline:  # the wheelhouse alone (its wheels need nothing from elsewhere)
         source = ["--no-index", "--find-links", str(house.root)]
-        argv = [uv, "pip", "install", "--python", vpy, *source, *sorted({e.project for e in entries})]
+        attempts = [[uv, "pip", "install", "--python", vpy, *source, *sorted({e.project for e in entries})]]
     elif (house.root / REQUIREMENTS).is_file():
-        # The documented install: exactly requirements.txt, hashes required, our index first.
-        argv = install_argv("uv", house.root, python=vpy)
+        # The documented install: exactly requirements.txt, hashes required, our index first;
+        # then, with no network now, from what this machine has (uv's cache, the offline export).
+        attempts = [install_argv("uv", house.root, python=vpy, offline=True)]
+        if not resolved_offline(house.root):
+            attempts.insert(0, install_argv("uv", house.root, python=vpy))
     else:
         raise UserError(
             f"{house.root / REQUIREMENTS} is missing (it could not be resolved when the index was "
             "written); run `nox -s index` for the reason"
         )
-    res = subprocess.run([*argv[:3], "--quiet", *argv[3:]], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise UserError(f"installing the wheelhouse into {venv} failed: {res.stderr.strip()[-500:]}")
-    return vpy, [e.path for e in entries]
+    for argv in attempts:
+        res = subprocess.run([*argv[:3], "--quiet", *argv[3:]], capture_output=True, text=True)
+        if res.returncode == 0:
+            return vpy, [e.path for e in entries]
+    if not offline:
+        # Not even that (PyPI's wheels never downloaded here): our wheels alone, so that the
+        # checks run and name what is missing instead of verify stopping for want of a network.
+        alone = [uv, "pip", "install", "--quiet", "--python", vpy, "--offline", "--no-deps"]
+        if subprocess.run([*alone, *(str(e.path) for e in entries)], capture_output=True).returncode == 0:
+            from rocmforge.console import console
+
+            console.print(
+                "warning: installed the wheelhouse's wheels without their dependencies: "
+                + (res.stderr.strip().splitlines() or ["(no output)"])[-1],
+                markup=False,
+                soft_wrap=True,
+            )
+            return vpy, [e.path for e in entries]
+    raise UserError(f"installing the wheelhouse into {venv} failed: {res.stderr.strip()[-500:]}")
 
 
 def report(checks: list[Check], *, as_json: bool) -> int:

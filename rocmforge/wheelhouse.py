@@ -89,11 +89,16 @@ def _stack(entries: list[Entry]) -> dict[str, str]:
 def _requirements(entries: list[Entry]) -> dict[str, str]:
     # The writers run once the staged generation's project pages exist: resolve against those.
     simple = entries[0].path.parent / "simple"
-    try:
-        return {install.REQUIREMENTS: install.requirements_file(entries, simple)}
-    except UserError as exc:  # offline, or a dependency no index has: publish without it, say so
-        console.print(f"{install.REQUIREMENTS} not written: {exc}", markup=False)
-        return {}
+    resolved = install.requirements_file(entries, simple)
+    if resolved.missing:  # offline, or a dependency no index has: published all the same, said
+        console.print(
+            f"warning: {install.REQUIREMENTS} lacks {', '.join(resolved.missing)}: not resolvable here "
+            f"({resolved.reason}); it pins the stack's wheels and what was found offline, install the "
+            "rest from your own mirror or run `nox -s index` again with the network",
+            markup=False,
+            soft_wrap=True,
+        )
+    return {install.REQUIREMENTS: resolved.text}
 
 
 INDEX_WRITERS: list[IndexWriter] = [_constraints, _stack, _requirements]

@@ -221,3 +221,104 @@ def test_index_session_refuses_a_stack_member_the_wheelhouse_lacks(stack, tmp_pa
     )
     assert "installing without it would take PyPI's release of that name" in str(err.value)
     assert not any("pip install" in line or "uv pip" in line for line in session.lines)
+
+
+def _no_network(tmp: Path, bundle: Path) -> tuple[list[str], dict[str, str]]:
+    """A command prefix and environment with no network at all (a new, empty network namespace,
+    where the kernel lets us), PyPI unreachable even so, an empty uv cache, and the offline
+    export at ``bundle``: the air-gapped cluster."""
+    unshare = shutil.which("unshare")
+    cut = [unshare, "-rn"] if unshare and subprocess.run([unshare, "-rn", "true"]).returncode == 0 else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env.update(
+        UV_DEFAULT_INDEX="http://127.0.0.1:9/simple",  # nothing listens on port 9: refused at once
+        UV_CACHE_DIR=str(tmp / "empty-uv-cache"),
+        PIP_CONFIG_FILE=os.devnull,
+        ROCMFORGE_OFFLINE_BUNDLE=str(bundle),
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
+    return cut, env
+
+
+_PUBLISH_AND_VERIFY_INSTALL = """
+import sys
+from pathlib import Path
+
+from rocmforge import verify
+from rocmforge.wheelhouse import Wheelhouse
+
+house, venv, wheel = Wheelhouse(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+house.publish(Path(wheel[0])) if wheel else house.reindex()
+verify.fresh_venv(venv, house.root, sys.executable)
+"""
+
+
+def test_offline_the_index_is_published_and_verify_installs_what_there_is(tmp_path, monkeypatch):
+    """No network: requirements.txt comes from the wheelhouse and the export's wheels/, names what
+    neither has, and verify's install of it still runs; complete once the export has it all."""
+    bundle = tmp_path / "export"
+    (bundle / "wheels").mkdir(parents=True)
+    make_wheel(bundle / "wheels", "bundledep", "1.0", {"bundledep/__init__.py": ""})
+    ours = _wheel(tmp_path, "stackpkg", "1.0", deps=["bundledep>=1", "helperdep"])
+    cut, env = _no_network(tmp_path, bundle)
+    root, venv = tmp_path / "wheelhouse", tmp_path / "venv"
+
+    def offline(*wheel: Path) -> subprocess.CompletedProcess:
+        argv = [
+            *cut,
+            sys.executable,
+            "-c",
+            _PUBLISH_AND_VERIFY_INSTALL,
+            str(root),
+            str(venv),
+            *map(str, wheel),
+        ]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+    def installed() -> list[str]:
+        return sorted(p.name.split("-")[0] for p in venv.glob("lib/python*/site-packages/*.dist-info"))
+
+    proc = offline(ours)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (warning,) = [line for line in proc.stderr.splitlines() if line.startswith("warning: requirements.txt")]
+    assert warning.startswith("warning: requirements.txt lacks helperdep (stackpkg): not resolvable here (")
+    text = (root / install.REQUIREMENTS).read_text()
+    assert "# INCOMPLETE: not resolvable here, install from your own mirror: helperdep (stackpkg)" in text
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert [line.split(" ")[0] for line in lines if not line.startswith("--hash")] == [
+        "bundledep==1.0",
+        "stackpkg==1.0",
+    ]
+    (entry,) = Wheelhouse(root).entries()
+    assert f"--hash=sha256:{entry.sha256}" in lines
+    assert install.resolved_offline(root)
+    assert installed() == ["bundledep", "stackpkg"]  # what there is; verify's checks name the rest
+    # The export brings the missing one: complete, no warning, still without the network.
+    make_wheel(bundle / "wheels", "helperdep", "1.0", {"helperdep/__init__.py": ""})
+    proc = offline()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning" not in proc.stderr
+    text = (root / install.REQUIREMENTS).read_text()
+    assert "INCOMPLETE" not in text and "uv's cache (offline) for the rest" in text
+    assert installed() == ["bundledep", "helperdep", "stackpkg"]
+    # The commands `nox -s index` prints for it work without the network too; pip's here.
+    monkeypatch.setenv("ROCMFORGE_OFFLINE_BUNDLE", str(bundle))
+    uv_command, _ = install.install_commands(root, offline=True)
+    assert f"--offline --find-links {bundle / 'wheels'}" in uv_command
+    pip = install.install_argv("pip", root, python=sys.executable, offline=True)
+    target = tmp_path / "pip-target"
+    proc = subprocess.run([*cut, *pip, "--target", str(target)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name.split("-")[0] for p in target.glob("*.dist-info")) == [
+        "bundledep",
+        "helperdep",
+        "stackpkg",
+    ]
+    # No export at all: our wheel alone, both dependencies named, and verify's install still runs.
+    del env["ROCMFORGE_OFFLINE_BUNDLE"]
+    root, venv = tmp_path / "wheelhouse-alone", tmp_path / "venv-alone"
+    proc = offline(ours)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: requirements.txt lacks bundledep (stackpkg), helperdep (stackpkg)" in proc.stderr
+    assert "Network is unreachable" in proc.stderr or "Connection refused" in proc.stderr  # the reason
+    assert installed() == ["stackpkg"]
