@@ -407,6 +407,9 @@ class _Reading:
     archs: list[str] = field(default_factory=list)
     arch_lines: int = 0
     first_error: FirstError | None = None
+    # The first fatal error whose shape has a likely cause (a fallback): the first fatal error
+    # itself, or a later one when the first is a generic "error:" (pip's "ERROR: Exception:").
+    first_shaped: FirstError | None = None
     first_follow_up: tuple[int, str] | None = None
     lines: int = 0
     seen: dict[str, list[tuple[Signal, dict[str, str]]]] = field(default_factory=dict, repr=False)
@@ -478,12 +481,16 @@ class _Reading:
                 if self.first_follow_up is None:
                     self.first_follow_up = (number, text)
                 return
-        if self.first_error is None:
+        if self.first_shaped is None:
             for rule in RULES.fatal:
                 if any(n in low for n in rule.needles):
                     core = body(text) if core is None else core
                     if rule.pattern.search(core) and not (rule.unless and rule.unless.search(core)):
-                        self.first_error = FirstError(number, text, rule.family, rule.fallback, rule.also)
+                        found_error = FirstError(number, text, rule.family, rule.fallback, rule.also)
+                        if self.first_error is None:
+                            self.first_error = found_error
+                        if rule.fallback:
+                            self.first_shaped = found_error
                         break
         tried: set[str] = set()
         present = {i for i, _, _ in _SIGNAL_NEEDLES.find_matches_as_indexes(low.encode(), overlapping=True)}
@@ -771,14 +778,17 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
     )
     fallback: list[_Hit] = []
     confidence = "high" if ranked and scores[ranked[0]] >= HIGH_SCORE else "medium"
-    if not ranked and first is not None and first.fallback:
-        # No signal is strong enough, but the first fatal error's shape and family name the
-        # most likely cause (diagnose_rules.toml gives, per shape, how often it was right).
-        ranked = [first.fallback]
+    # The first fatal error whose shape has a likely cause: the first one, or a later one when
+    # the first says nothing of its cause (a generic "error:").
+    shaped = reading.first_shaped
+    if not ranked and shaped is not None:
+        # No signal is strong enough, but the fatal error's shape and family name the most
+        # likely cause (diagnose_rules.toml gives, per shape, how often it was right).
+        ranked = [shaped.fallback]
         sig = Signal(
-            "first-fatal-error", (), first.fallback, 0.0, _NOTHING, family=first.family, also=first.also
+            "first-fatal-error", (), shaped.fallback, 0.0, _NOTHING, family=shaped.family, also=shaped.also
         )
-        fallback = [_Hit(sig, first.line, first.text, {})]
+        fallback = [_Hit(sig, shaped.line, shaped.text, {})]
         confidence = "low"
     if not ranked:
         return _unknown(reading)
@@ -801,12 +811,12 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
         # or no permission to open it): name it second, on the same evidence.
         secondary = Cause(also, _hint(also, hits, reading, None), _evidence(hits))
     hint = _hint(category, hits, reading, why.get(category))
-    if fallback and hits is fallback:
-        # Named from the shape of the first fatal error alone: say so, and keep the family's
-        # next step for when the guess is wrong.
-        step = RULES.next_steps[first.family].format(line=first.line)
-        hint = f"most likely {category}, from the first fatal error alone ({first.family}): {hint}"
-        hint += f". If not: {step}"
+    if confidence == "low" and shaped is not None:
+        # Named from the shape of a fatal error alone: say so, and keep the family's next step
+        # for when the guess is wrong.
+        step = RULES.next_steps[shaped.family].format(line=shaped.line)
+        which = "the first fatal error" if shaped is first else f"the fatal error at line {shaped.line}"
+        hint = f"most likely {category}, from {which} alone ({shaped.family}): {hint}. If not: {step}"
     return Diagnosis(
         category,
         hint,

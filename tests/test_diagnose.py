@@ -361,6 +361,11 @@ def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_
     )
     d = diagnose_text(gone)
     assert (d.category, d.first_error.family, d.evidence[0].line) == ("network_fetch", "network", 2)
+    # A first fatal error that says nothing of its cause ("error: ...") leaves the guess to the
+    # first later one whose shape does; the first fatal error is still the first.
+    d = diagnose_text("error: step 3 of 5 failed\nplugin library load error: no build for this runtime\n")
+    assert (d.category, d.confidence, d.first_error.line) == ("missing_library_runtime", "low", 1)
+    assert d.evidence[0].line == 2 and "from the fatal error at line 2 alone (loader)" in d.hint
     # The compiler driver refusing before any source is compiled has many causes: no guess.
     assert diagnose_text("clang-14: error: unable to execute command: ld.lld\n").category == "unknown"
 
