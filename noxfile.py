@@ -58,14 +58,14 @@ def rocmforge_session(**options):
 @rocmforge_session(venv_backend="none")
 def toolchain(session: nox.Session) -> None:
     """Check compilers, ROCm, GPUs, permissions and memory against the pinned versions."""
-    from rocmforge import doctor
+    from rocmforge.build import doctor
 
     doctor.toolchain_session(session, CONFIG)
 
 
 def _package_session(name: str):
     def package_session(session: nox.Session) -> None:
-        from rocmforge import build
+        from rocmforge.build import package as build
 
         build.run_session(session, CONFIG, name)
 
@@ -85,7 +85,7 @@ for _name, _pkg in CONFIG.packages.items():
 @rocmforge_session(venv_backend="none")
 def lock(session: nox.Session) -> None:
     """Check out every pin and write rocmforge.lock.toml (-- --locked: fail on any difference; --offline)."""
-    from rocmforge import sources
+    from rocmforge.sources import checkout as sources
 
     sources.lock_session(session, CONFIG)
 
@@ -93,7 +93,7 @@ def lock(session: nox.Session) -> None:
 @rocmforge_session(venv_backend="none")
 def export(session: nox.Session) -> None:
     """Export sources, patches, lock and build-requirement wheels for an offline build (-- DEST [--tar])."""
-    from rocmforge import bundle
+    from rocmforge.sources import export as bundle
 
     bundle.export_session(session, CONFIG)
 
@@ -101,7 +101,7 @@ def export(session: nox.Session) -> None:
 @rocmforge_session(venv_backend="none")
 def index(session: nox.Session) -> None:
     """Regenerate the wheelhouse's index, constraints.txt and requirements.txt; print the install commands."""
-    from rocmforge import build
+    from rocmforge.build import package as build
 
     build.index_session(session, CONFIG)
 
@@ -109,7 +109,7 @@ def index(session: nox.Session) -> None:
 @rocmforge_session(venv_backend="none")
 def verify(session: nox.Session) -> None:
     """Install the wheelhouse into a fresh venv and prove it runs (-- --no-gpu, --gpu-only, --json)."""
-    from rocmforge import verify
+    from rocmforge.verify import checks as verify
 
     verify.nox_session(session, CONFIG)
 
@@ -117,7 +117,7 @@ def verify(session: nox.Session) -> None:
 @rocmforge_session()
 def bench(session: nox.Session) -> None:
     """Measure the wheelhouse on this GPU against its peak (-- --quick; A/B: -- --b-python PATH)."""
-    from rocmforge import bench
+    from rocmforge.bench import runner as bench
 
     bench.nox_session(session, CONFIG)
 

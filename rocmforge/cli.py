@@ -22,21 +22,33 @@ DESCRIPTION = "rocmforge's tools on their own: doctor, arch, env, inspect, diagn
 # command -> (module, one-line help). The CLI contract of these commands is documented in the
 # README; other tools parse their --json output, so keep it stable.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("rocmforge.doctor", "check this host for everything a ROCm build needs"),
+    "doctor": ("rocmforge.build.doctor", "check this host for everything a ROCm build needs"),
     "arch": ("rocmforge.arch_detect", "list GPU archs of this machine or of saved tool output"),
-    "env": ("rocmforge.build", "print the build environment of a package"),
-    "inspect": ("rocmforge.inspect", "list the GPU code objects inside .so files and wheels"),
-    "verify": ("rocmforge.verify", "prove an environment runs: archs, libraries, versions, imports, GPU"),
-    "diagnose": ("rocmforge.diagnose", "find the cause of a failed build or run in its log"),
-    "checkout": ("rocmforge.sources", "check out the pinned sources (with patches) into third_party/"),
-    "patch": ("rocmforge.patches", "turn your edits in third_party/<pkg> into a new patch file"),
-    "check-node": ("rocmforge.node", "check a node against the wheelhouse's stack.json before installing"),
-    "pins": ("rocmforge.pins", "print (or --write into a config) the stack a vLLM release pins"),
-    "provenance": ("rocmforge.provenance", "print what a wheel (or installed package) was built from"),
-    "rebuild-check": ("rocmforge.rebuild", "rebuild a wheel from what it records and compare sha256s"),
-    "cache": ("rocmforge.compile_cache", "show or zero the compile cache's statistics"),
-    "publish": ("rocmforge.publish", "publish a nightly's wheelhouses as one index per arch set"),
-    "bench": ("rocmforge.bench", "measure GEMM, bandwidth, Triton and vLLM on this GPU against its peak"),
+    "env": ("rocmforge.build.package", "print the build environment of a package"),
+    "inspect": ("rocmforge.verify.inspect", "list the GPU code objects inside .so files and wheels"),
+    "verify": (
+        "rocmforge.verify.checks",
+        "prove an environment runs: archs, libraries, versions, imports, GPU",
+    ),
+    "diagnose": ("rocmforge.diagnose.engine", "find the cause of a failed build or run in its log"),
+    "checkout": (
+        "rocmforge.sources.checkout",
+        "check out the pinned sources (with patches) into third_party/",
+    ),
+    "patch": ("rocmforge.sources.patches", "turn your edits in third_party/<pkg> into a new patch file"),
+    "check-node": (
+        "rocmforge.verify.node",
+        "check a node against the wheelhouse's stack.json before installing",
+    ),
+    "pins": ("rocmforge.sources.pins", "print (or --write into a config) the stack a vLLM release pins"),
+    "provenance": ("rocmforge.build.provenance", "print what a wheel (or installed package) was built from"),
+    "rebuild-check": ("rocmforge.verify.rebuild", "rebuild a wheel from what it records and compare sha256s"),
+    "cache": ("rocmforge.build.compile_cache", "show or zero the compile cache's statistics"),
+    "publish": ("rocmforge.build.publish", "publish a nightly's wheelhouses as one index per arch set"),
+    "bench": (
+        "rocmforge.bench.runner",
+        "measure GEMM, bandwidth, Triton and vLLM on this GPU against its peak",
+    ),
 }
 
 

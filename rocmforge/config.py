@@ -688,11 +688,11 @@ def _directory(t: _Table, root: Path, name: str, default: str) -> Path:
 
 # The diagnosis categories live with the diagnose rules; config reads only their names, so it
 # needs no import of the engine (which itself reads Config).
-DIAGNOSE_RULES = Path(__file__).with_name("diagnose_rules.toml")
+DIAGNOSE_RULES = Path(__file__).parent / "diagnose" / "rules.toml"
 
 
 def diagnosis_categories() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(every diagnosis category, the retryable ones), from ``diagnose_rules.toml``."""
+    """(every diagnosis category, the retryable ones), from ``diagnose/rules.toml``."""
     with open(DIAGNOSE_RULES, "rb") as f:
         categories = tomllib.load(f)["categories"]
     return (*categories, "unknown"), tuple(c for c, spec in categories.items() if spec.get("retryable"))

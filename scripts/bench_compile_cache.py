@@ -43,7 +43,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rocmforge import buildenv, compile_cache, host
+from rocmforge import host
+from rocmforge.build import compile_cache
+from rocmforge.build import environment as buildenv
 from rocmforge.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ source excerpts, CMake status lines, coloured diagnostics and a few ``\\r`` prog
 ending in the compiler killed for lack of memory, then times, in fresh processes, several runs of
 
     baseline   ``for line in open(log, "rb"): pass`` (reading the lines, nothing else)
-    diagnose   ``rocmforge.diagnose.diagnose_file(log)``
+    diagnose   ``rocmforge.diagnose.engine.diagnose_file(log)``
 
 and reports medians, the ratio, and each process's peak memory (ru_maxrss) on the small and the
 large log: memory that stays flat does not grow with the log.
@@ -40,7 +40,7 @@ if mode == "baseline":
             pass
     result = ""
 else:
-    from rocmforge.diagnose import diagnose_file
+    from rocmforge.diagnose.engine import diagnose_file
     d = diagnose_file(log)
     result = f"{{d.category}} line {{d.evidence[0].line if d.evidence else '-'}}"
 seconds = time.perf_counter() - start

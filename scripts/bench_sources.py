@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from gitrepos import GitDaemon, Upstream, commit, git, git_package, gitmodules, snapshot, write_config  # noqa: E402
 
-from rocmforge import sources  # noqa: E402
+from rocmforge.sources import checkout as sources  # noqa: E402
 
 
 def build_upstream(base: Path, files: int, commits: int, touch: int) -> tuple[Upstream, list[str]]:

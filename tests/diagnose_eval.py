@@ -1,4 +1,4 @@
-"""How well ``rocmforge.diagnose`` names the cause of real failures, judged on a split by thread.
+"""How well ``rocmforge.diagnose.engine`` names the cause of real failures, judged on a split by thread.
 
 Every fixture under ``tests/data/diagnose/`` is an excerpt of one public issue thread (its
 ``# source:`` URL) with the category a ROCm engineer would give it from the thread's resolution
@@ -159,7 +159,7 @@ class Report:
 def score(items: Sequence[Excerpt], classify: Callable[[Path], str] | None = None) -> Report:
     """Run the classifier (``diagnose_file(path).category`` by default) on each excerpt."""
     if classify is None:
-        from rocmforge.diagnose import diagnose_file
+        from rocmforge.diagnose.engine import diagnose_file
 
         def classify(path: Path) -> str:
             return diagnose_file(path).category
@@ -179,12 +179,12 @@ def score(items: Sequence[Excerpt], classify: Callable[[Path], str] | None = Non
 def cross_validate(items: Sequence[Excerpt], k: int) -> tuple[list[Report], list[object]]:
     """k-fold cross-validation by thread of the engine's weighing (``Tuning``).
 
-    The rules are written by hand; the numbers that weigh them (``rocmforge.diagnose.Tuning``:
+    The rules are written by hand; the numbers that weigh them (``rocmforge.diagnose.engine.Tuning``:
     the score below which the answer is ``unknown``, the weight of a line at the first fatal
     error, of the same family) are chosen for each fold from ``TUNING_GRID`` by accuracy on the
     other k-1 folds, then scored on the held fold. Returns each fold's report and its choice.
     """
-    from rocmforge.diagnose import TUNING_GRID, decide, read_chunks
+    from rocmforge.diagnose.engine import TUNING_GRID, decide, read_chunks
 
     readings = {e.path: read_chunks([e.path.read_bytes()]) for e in items}
 
@@ -204,7 +204,7 @@ def cross_validate(items: Sequence[Excerpt], k: int) -> tuple[list[Report], list
 
 def rule_support(items: Sequence[Excerpt]) -> dict[str, set[str]]:
     """For each signal, the threads whose excerpt it fires on and whose label it points to."""
-    from rocmforge.diagnose import read_chunks
+    from rocmforge.diagnose.engine import read_chunks
 
     support: dict[str, set[str]] = {}
     for e in items:
@@ -225,7 +225,7 @@ def rule_cross_validate(items: Sequence[Excerpt], k: int) -> tuple[list[Report],
     """
     from copy import copy
 
-    from rocmforge.diagnose import decide, read_chunks
+    from rocmforge.diagnose.engine import decide, read_chunks
 
     support = rule_support(items)
     reports, dropped = [], []
@@ -257,7 +257,7 @@ def print_report(name: str, report: Report, *, details: bool) -> None:
     )
     if not details:
         return
-    from rocmforge.diagnose import CATEGORIES
+    from rocmforge.diagnose.engine import CATEGORIES
 
     cats = [c for c in CATEGORIES if any(c in pair for pair in report.confusion)]
     print(f"\n{'category':<24} {'prec':>5} {'recall':>6} {'n':>4}")

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from rocmforge import bench, bench_report
-from rocmforge.bench_peaks import PEAKS, lookup
+from rocmforge.bench import report as bench_report
+from rocmforge.bench import runner as bench
+from rocmforge.bench.peaks import PEAKS, lookup
 from rocmforge.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from rocmforge.build.wheelfile import read_member, read_metadata, wheel_name
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.config import tomllib
 from rocmforge.errors import UserError
-from rocmforge.wheelfile import read_member, read_metadata, wheel_name
-from rocmforge.wheelhouse import Wheelhouse
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -320,7 +320,7 @@ def test_failing_build_leaves_no_wheel_and_no_index_entry(tmp_path):
 
 @pytest.mark.slow
 def test_a_dependency_without_a_wheel_is_named(tmp_path):
-    from rocmforge.build import dependency_wheels
+    from rocmforge.build.package import dependency_wheels
     from rocmforge.config import load_config
     from rocmforge.errors import UserError
 
@@ -330,7 +330,7 @@ def test_a_dependency_without_a_wheel_is_named(tmp_path):
 
 
 def test_prebuilt_wheel_is_published_byte_identical(tmp_path):
-    from rocmforge.build import build_package
+    from rocmforge.build.package import build_package
     from rocmforge.config import load_config
     from rocmforge.fsutil import file_sha256
     from rocmforge.host import gather
@@ -493,7 +493,7 @@ setup(cmdclass={"build_py": build_py_checking_memory})
 
 
 def test_a_diagnosed_failure_is_retried_once_and_recorded(tmp_path):
-    from rocmforge.build import build_package
+    from rocmforge.build.package import build_package
     from rocmforge.config import load_config
 
     project = tmp_path / "hungry"
@@ -511,7 +511,7 @@ def test_a_diagnosed_failure_is_retried_once_and_recorded(tmp_path):
         f'[packages.hungry.source]\nkind = "path"\npath = "{project}"\n'
     )
     result = build_package(load_config(config, environ={}), "hungry")
-    from rocmforge.provenance import read_statement
+    from rocmforge.build.provenance import read_statement
 
     stmt, _envelope = read_statement(result.wheel)
     (retry,) = [b for b in stmt["predicate"]["runDetails"]["byproducts"] if b["name"] == "retry"]
@@ -543,9 +543,9 @@ def _record_is_honest(wheel: Path) -> None:
 
 def test_own_triton_drops_torchs_triton_requirement(tmp_path):
     """A vendor torch wheel taken prebuilt while we build Triton: its PyPI Triton pin must go."""
-    from rocmforge.build import build_package
+    from rocmforge.build.package import build_package
+    from rocmforge.build.wheelfile import read_metadata
     from rocmforge.config import load_config
-    from rocmforge.wheelfile import read_metadata
 
     project = tmp_path / "torchlike"
     vendor = pure_wheel(project, "torch", "2.13.0+rocm7.2", deps=["pytorch-triton-rocm==3.8.0", "filelock"])
@@ -588,10 +588,10 @@ def test_example_config_pins_the_commits_make_repos_creates(tmp_path, example):
 
 def test_a_package_requires_its_dependencies_exactly(tmp_path):
     """Built against our torch, a package names exactly that torch; unpinned_depends opts out."""
-    from rocmforge.build import build_package
+    from rocmforge.build.package import build_package
+    from rocmforge.build.wheelfile import read_metadata
     from rocmforge.config import load_config
     from rocmforge.host import gather
-    from rocmforge.wheelfile import read_metadata
 
     vendor = pure_wheel(tmp_path / "torchlike", "torch", "2.13.0+rocm7.2")
     consumer = tmp_path / "consumer"
@@ -634,10 +634,10 @@ def test_a_package_requires_its_dependencies_exactly(tmp_path):
 
 def test_a_rocm_source_is_copied_out_of_the_rocm_install_and_built(tmp_path, monkeypatch):
     """amdsmi's way: the project under <ROCm>/share/amd_smi, built without writing into ROCm."""
-    from rocmforge.build import build_package
+    from rocmforge.build.package import build_package
     from rocmforge.config import load_config
     from rocmforge.host import gather
-    from rocmforge.sources import tree_sha256
+    from rocmforge.sources.checkout import tree_sha256
 
     rocm = tmp_path / "rocm"
     share = rocm / "share" / "amd_smi"
@@ -673,7 +673,7 @@ def test_exact_pins_keep_markers_and_leave_extras_alone():
     extra's line is not ours to change, and a project named nowhere gets its own line."""
     from email.parser import Parser
 
-    from rocmforge.wheelfile import pin_requirements
+    from rocmforge.build.wheelfile import pin_requirements
 
     metadata = Parser().parsestr(
         "Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n"

@@ -16,7 +16,7 @@ import pytest
 from fakehost import config
 from packaging.version import Version
 
-from rocmforge.buildenv import build_environment, shell_lines
+from rocmforge.build.environment import build_environment, shell_lines
 from rocmforge.errors import UserError
 from rocmforge.host import gather
 
@@ -193,7 +193,7 @@ def test_env_command(tmp_path):
 
 
 def _planned(tmp_path, **packages):
-    from rocmforge.build import planned_context
+    from rocmforge.build.package import planned_context
 
     cfg = config(
         packages=packages,
@@ -281,7 +281,8 @@ def test_build_venv_gets_the_pinned_cmake_not_cmake_4(tmp_path):
     """PyTorch's requirements-build.txt says just `cmake`; the pin (>=3.27,<4) is resolved with it."""
     from types import SimpleNamespace
 
-    from rocmforge import build, recipes
+    from rocmforge.build import package as build
+    from rocmforge.build import recipes
 
     tree = tmp_path / "pytorch"
     fakehost.write(tree / "requirements-build.txt", "setuptools\ncmake\nninja\n")

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from rocmforge.buildlog import lines_that_matter, log_path, run_step
+from rocmforge.build.log import lines_that_matter, log_path, run_step
 
 # What a failing ninja build prints, shortened: progress lines, then the compiler's error.
 _NINJA_FAILURE = """
@@ -58,7 +58,7 @@ def test_in_a_log_every_step_says_when_it_starts_and_ends_and_tables_keep_their_
     script = f"""
 import os, sys
 from rich.table import Table
-from rocmforge.buildlog import run_step
+from rocmforge.build.log import run_step
 from rocmforge.console import console
 run_step("demo: build", [sys.executable, "-c", "print('hi')"], cwd={str(tmp_path)!r},
          env=dict(os.environ), log=__import__("pathlib").Path({str(tmp_path / "demo.log")!r}))

@@ -21,10 +21,11 @@ from pathlib import Path
 import fakehost
 import pytest
 
-from rocmforge import compile_cache, inspect
+from rocmforge.build import compile_cache
 from rocmforge.config import load_config, parse_config
 from rocmforge.errors import UserError
 from rocmforge.host import gather
+from rocmforge.verify import inspect
 
 PACKAGES = {"demo": {"source": {"kind": "path", "path": "src"}}}
 TOOLS = {"sccache": "/opt/bin/sccache", "ccache": "/usr/bin/ccache"}
@@ -289,7 +290,7 @@ def _stop(cfg, env) -> None:
 
 
 def _code_objects(wheel_dir: Path, tmp_path: Path) -> tuple[str, list[str]]:
-    """The sha256 of the fixture's shared object and the GPU targets rocmforge.inspect finds."""
+    """The sha256 of the fixture's shared object and the GPU targets rocmforge.verify.inspect finds."""
     (wheel,) = wheel_dir.glob("*.whl")
     reports = list(inspect.iter_reports([wheel]))
     (so,) = [r for r in reports if r.member and r.member.endswith("libhipkernel.so")]
@@ -575,7 +576,7 @@ def test_a_package_session_prints_the_cache_statistics(tmp_path):
     assert "(C 0/1); 1 compiles seen" in output  # the C extension compiled through the CC wrapper
     # The same statistics go into the provenance statement beside the wheel (not into the wheel:
     # they say how this builder got the objects, not what the objects are).
-    from rocmforge import provenance
+    from rocmforge.build import provenance
 
     (wheel,) = (config_path.parent / "out" / "wheelhouse").glob("patchme-*.whl")
     assert "compile_cache" not in provenance.read(str(wheel))

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from rocmforge import contract, inspect
-from rocmforge.wheelfile import read_metadata
+from rocmforge.build import contract
+from rocmforge.build.wheelfile import read_metadata
+from rocmforge.verify import inspect
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 HIP_LIB = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")  # Debian's, installed with hipcc

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from test_build import nox, write_config
 
-from rocmforge import inspect
-from rocmforge.bench import gpu_device_nodes
-from rocmforge.wheelfile import read_member
-from rocmforge.wheelhouse import Wheelhouse
+from rocmforge.bench.runner import gpu_device_nodes
+from rocmforge.build.wheelfile import read_member
+from rocmforge.build.wheelhouse import Wheelhouse
+from rocmforge.verify import inspect
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="needs nvcc on PATH (the CUDA toolkit, e.g. /usr/local/cuda/bin)"

@@ -1,4 +1,4 @@
-"""``rocmforge.diagnose`` on real failures: public tracker excerpts, and failures produced here
+"""``rocmforge.diagnose.engine`` on real failures: public tracker excerpts, and failures produced here
 with real tools (g++ under a memory limit, the linker, Debian's hipcc, pip's build isolation).
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rocmforge.config import parse_config
-from rocmforge.diagnose import (
+from rocmforge.diagnose.engine import (
     CATEGORIES,
     RETRYABLE,
     RULES,
@@ -73,7 +73,7 @@ def test_fixtures_name_their_source_and_a_known_category():
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_rule_matches_its_example(sig):
-    """Every rule in diagnose_rules.toml carries a line it must recognise, needles included."""
+    """Every rule in diagnose/rules.toml carries a line it must recognise, needles included."""
     assert sig.example and sig.examples[0] == sig.example, f"{sig.name}: no example"
     for example in sig.examples:  # a family signal lists the wordings of its family
         line = body(example)
@@ -107,7 +107,7 @@ def test_config_reads_the_categories_without_importing_the_engine():
         "data = {'build': {'arch': ['gfx942'], 'retry': ['oom_compiler']},"
         " 'packages': {'x': {'source': {'kind': 'path', 'path': '.'}}}}\n"
         "parse_config(data, path=Path('/tmp/c.toml'), environ={})\n"
-        "assert 'rocmforge.diagnose' not in sys.modules\n"
+        "assert 'rocmforge.diagnose.engine' not in sys.modules\n"
         "print(diagnosis_categories())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -129,7 +129,7 @@ def test_line_rule_matches_its_example(rule):
 
 def test_needles_are_in_every_line_a_rule_matches():
     """The literal prefilter must never hide a line from a rule (checked on all real text)."""
-    from rocmforge.diagnose import iter_lines
+    from rocmforge.diagnose.engine import iter_lines
 
     for path in ALL_FIXTURES:
         with open(path, "rb") as f:
@@ -143,7 +143,7 @@ def test_needles_are_in_every_line_a_rule_matches():
 
 def test_reading_in_blocks_of_any_size_reads_the_same_lines():
     """Block boundaries (a line cut in two, a colour code cut in two) change nothing."""
-    from rocmforge.diagnose import decide, read_chunks
+    from rocmforge.diagnose.engine import decide, read_chunks
 
     data = b"".join(p.read_bytes() for p in sorted(FIXTURES.glob("*.log"))[:40])
     data = data.replace(b"error", b"\x1b[1;31merror\x1b[0m")  # colour codes inside lines

@@ -14,8 +14,8 @@ import fakehost
 import pytest
 from fakehost import config
 
-from rocmforge.buildenv import satisfies
-from rocmforge.doctor import FAIL, OK, WARN, require_ok, run_checks
+from rocmforge.build.doctor import FAIL, OK, WARN, require_ok, run_checks
+from rocmforge.build.environment import satisfies
 from rocmforge.errors import UserError
 from rocmforge.host import gather
 

@@ -17,8 +17,8 @@ import pytest
 import zstandard
 from gpu_objects import bundler_list, clang_hip, hipcc, need, pypi_wheel
 
-from rocmforge import inspect
 from rocmforge.errors import UserError
+from rocmforge.verify import inspect
 
 ROOT = Path(__file__).resolve().parents[1]
 

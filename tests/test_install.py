@@ -22,9 +22,10 @@ import pytest
 from gitrepos import HttpServer
 from test_verify import make_wheel
 
-from rocmforge import build, install
+from rocmforge.build import install
+from rocmforge.build import package as build
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.errors import UserError
-from rocmforge.wheelhouse import Wheelhouse
 
 OURS = "# built here\n"
 EVIL = "# the attacker's\n"
@@ -244,8 +245,8 @@ _PUBLISH_AND_VERIFY_INSTALL = """
 import sys
 from pathlib import Path
 
-from rocmforge import verify
-from rocmforge.wheelhouse import Wheelhouse
+from rocmforge.verify import checks as verify
+from rocmforge.build.wheelhouse import Wheelhouse
 
 house, venv, wheel = Wheelhouse(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 house.publish(Path(wheel[0])) if wheel else house.reindex()

@@ -26,9 +26,9 @@ import pytest
 from test_build import ROOT, nox, write_config
 from test_wheelhouse import links
 
+from rocmforge.build.killpoints import VARIABLE
+from rocmforge.build.wheelfile import read_member, wheel_name
 from rocmforge.fsutil import file_sha256
-from rocmforge.killpoints import VARIABLE
-from rocmforge.wheelfile import read_member, wheel_name
 
 pytestmark = pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc (apt install hipcc)")
 
@@ -176,7 +176,7 @@ def test_a_pin_map_naming_another_commit_is_not_used(tmp_path, upstream, capsys)
     from gitrepos import git_package
     from gitrepos import write_config as sources_config
 
-    from rocmforge import sources
+    from rocmforge.sources import checkout as sources
 
     url = upstream.file_url("app")
     (tmp_path / "other").mkdir()
@@ -204,7 +204,7 @@ def test_edits_in_a_submodule_make_the_tree_dirty_and_undoing_them_clean(tmp_pat
     from gitrepos import git_package
     from gitrepos import write_config as sources_config
 
-    from rocmforge import sources
+    from rocmforge.sources import checkout as sources
 
     cfg = sources_config(tmp_path, git_package("app", upstream.file_url("app"), "v2", upstream.shas["c2"]))
     assert sources.prepare(cfg, "app").dirty is None
@@ -244,8 +244,8 @@ def test_a_swapped_wheel_is_rebuilt_not_trusted(chain):
 
 @pytest.mark.slow
 def test_a_dependent_built_against_a_replaced_wheel_is_withdrawn_or_refused(chain, tmp_path):
+    from rocmforge.build.wheelhouse import Wheelhouse
     from rocmforge.errors import UserError
-    from rocmforge.wheelhouse import Wheelhouse
 
     _root, config, house = chain
     (old_dependent,) = house.glob("dependent-*.whl")
@@ -319,7 +319,7 @@ setup()
 def test_what_the_build_writes_into_its_tree_is_no_edit_and_a_users_edit_is(tmp_path, capfd):
     from gitrepos import Upstream, commit, git_package
 
-    from rocmforge.build import build_package
+    from rocmforge.build.package import build_package
     from rocmforge.config import load_config
     from rocmforge.host import gather
 

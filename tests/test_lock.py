@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from gitrepos import commit, git, git_package, url_package, write_config
 
-from rocmforge import bundle, lock, sources
+from rocmforge.build.wheelfile import read_member
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.errors import UserError
-from rocmforge.wheelfile import read_member
-from rocmforge.wheelhouse import Wheelhouse
+from rocmforge.sources import checkout as sources
+from rocmforge.sources import export as bundle
+from rocmforge.sources import lock
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -13,8 +13,10 @@ from pathlib import Path
 import fakehost
 import pytest
 
-from rocmforge import arch_detect, contract, host, node
-from rocmforge.doctor import FAIL, OK, WARN
+from rocmforge import arch_detect, host
+from rocmforge.build import contract
+from rocmforge.build.doctor import FAIL, OK, WARN
+from rocmforge.verify import node
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH_DATA = ROOT / "tests" / "data" / "arch"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from gitrepos import commit, git, git_package, make_upstream, snapshot, write_config
 
-from rocmforge import sources
 from rocmforge.config import load_config
 from rocmforge.errors import UserError
+from rocmforge.sources import checkout as sources
 
 ROOT = Path(__file__).resolve().parent.parent
 LINES = "".join(f"line {i}\n" for i in range(1, 61))

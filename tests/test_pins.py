@@ -19,7 +19,7 @@ import pytest
 
 from rocmforge.config import load_config, tomllib
 from rocmforge.errors import UserError
-from rocmforge.pins import parse_dockerfile, stack_from_files, write_pins
+from rocmforge.sources.pins import parse_dockerfile, stack_from_files, write_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("ROCMFORGE_TEST_CACHE", Path.home() / ".cache" / "rocmforge-tests")) / "cache"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rocmforge.build.publish import publish
 from rocmforge.errors import UserError
-from rocmforge.publish import publish
 
 
 def _wheel(directory: Path, filename: str, payload: str) -> Path:

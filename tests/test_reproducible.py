@@ -21,10 +21,10 @@ from test_build import nox, write_config
 from test_lock import _offline_nox
 from test_wheelhouse import make_wheel
 
-from rocmforge import provenance
+from rocmforge.build import provenance
+from rocmforge.build.wheelfile import rewrite_wheel
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.fsutil import file_sha256
-from rocmforge.wheelfile import rewrite_wheel
-from rocmforge.wheelhouse import Wheelhouse
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = ("patchme", "dependent", "hipkernel")

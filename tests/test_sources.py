@@ -21,9 +21,9 @@ from gitrepos import (
     write_config,
 )
 
-from rocmforge import sources
 from rocmforge.errors import UserError
 from rocmforge.fsutil import file_lock
+from rocmforge.sources import checkout as sources
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -230,7 +230,7 @@ def test_offline_uses_the_filled_cache(tmp_path, upstream, daemon):
 _PREPARE = "\n".join(
     [
         "import sys",
-        "from rocmforge import config, sources",
+        "from rocmforge import config; from rocmforge.sources import checkout as sources",
         "sources.prepare(config.load_config(sys.argv[1]), 'app')",
     ]
 )

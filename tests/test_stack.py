@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 from test_build import EXAMPLES, ROOT, _make_repos, nox, venv_with, write_config
 
-from rocmforge import inspect
+from rocmforge.build.wheelfile import read_member, read_metadata
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.config import load_config
-from rocmforge.sources import PYTORCH_TRITON_COMMIT
-from rocmforge.wheelfile import read_member, read_metadata
-from rocmforge.wheelhouse import Wheelhouse
+from rocmforge.sources.checkout import PYTORCH_TRITON_COMMIT
+from rocmforge.verify import inspect
 
 pytestmark = pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc (apt install hipcc)")
 TRITON_REQUIREMENT = 'pytorch-triton-rocm==0.3.0+git{short}; platform_system == "Linux"'
@@ -290,7 +290,7 @@ def test_stack_example_pins_what_make_repos_creates(tmp_path):
 def test_rocm_libraries_false_lets_a_torch_without_rocblas_pass_the_doctor(tmp_path):
     """The option the example needs: off, the doctor insists on PyTorch's ROCm libraries."""
     from rocmforge import host
-    from rocmforge.doctor import FAIL, run_checks
+    from rocmforge.build.doctor import FAIL, run_checks
     from rocmforge.host import KEY_LIBRARIES, selected_rocm
 
     facts = host.facts()

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from gpu_objects import hipcc, need, pypi_wheel
 
-from rocmforge import inspect, verify
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.config import load_config
 from rocmforge.fsutil import file_sha256
-from rocmforge.wheelhouse import Wheelhouse
+from rocmforge.verify import checks as verify
+from rocmforge.verify import inspect
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON_PIN = "pytorch-triton-rocm==3.8.0+git669b31ac"
@@ -239,7 +240,7 @@ def test_gpu_part_skips_without_a_device(tmp_path):
 
 
 def test_probe_imports_the_standard_librarys_inspect_not_ours():
-    """Started by path, the probe must not take rocmforge/inspect.py for `import inspect`.
+    """Started by path, the probe must not take rocmforge/verify/inspect.py for `import inspect`.
 
     Python 3.12's importlib.metadata (and torch) import inspect; with rocmforge/ leading
     sys.path that was rocmforge's module, and `nox -s verify` died in a fresh 3.12 venv.

@@ -13,10 +13,10 @@ from urllib.parse import unquote
 
 import pytest
 
-from rocmforge import install
+from rocmforge.build import install
+from rocmforge.build.wheelfile import read_member, wheel_name
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.fsutil import file_sha256
-from rocmforge.wheelfile import read_member, wheel_name
-from rocmforge.wheelhouse import Wheelhouse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ _PYPI = "https://pypi.org/simple"
 @pytest.mark.network
 def test_a_newer_pypi_release_cannot_replace_our_wheel(tmp_path):
     """six 1.16.0 built here from its PyPI sdist; PyPI has 1.17.0. Our install commands keep ours."""
-    from rocmforge.build import build_package
+    from rocmforge.build.package import build_package
     from rocmforge.config import load_config
 
     config = tmp_path / "rocmforge.toml"
@@ -217,7 +217,7 @@ def test_index_session_without_wheels_fails_and_writes_nothing(tmp_path):
 
 
 def test_index_writers_publish_their_files_in_the_same_switch(tmp_path, wheels, monkeypatch):
-    from rocmforge import wheelhouse
+    from rocmforge.build import wheelhouse
 
     def projects(entries):
         return {"projects.txt": "".join(f"{e.project} {file_sha256(e.path)}\n" for e in entries)}

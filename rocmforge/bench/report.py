@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from rocmforge.bench_peaks import Peak
+from rocmforge.bench.peaks import Peak
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 CROSSCHECK_TOLERANCE = 0.05
@@ -362,7 +362,7 @@ def plot(report: dict) -> bytes:
     ax.set_xlabel("% of the binding peak (datasheet FLOP/s or bandwidth, dense)")
     gpu = report["gpu"]
     peak = report.get("peak")
-    ax.set_title(f"{gpu['name']} ({gpu['arch']})" + ("" if peak else " - no peak row, see bench_peaks.py"))
+    ax.set_title(f"{gpu['name']} ({gpu['arch']})" + ("" if peak else " - no peak row, see bench/peaks.py"))
     ax.legend(fontsize=7, loc="lower right")
     if has_ab:
         ax = axes[0][1]

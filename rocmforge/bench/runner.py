@@ -30,8 +30,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocmforge import bench_report
-from rocmforge.bench_peaks import lookup
+from rocmforge.bench import report as bench_report
+from rocmforge.bench.peaks import lookup
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write
@@ -40,11 +40,11 @@ NO_GPU = 3
 NO_GPU_NODE = "no GPU: this host has no /dev/kfd and no /dev/nvidia* device"
 CASE_FAILED = 1
 SECTIONS = ("gemm", "bandwidth", "triton", "vllm")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = ROOT / "examples" / "tiny-model"
-WORKER = Path(__file__).with_name("bench_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 MARK = "@@rocmforge-bench "  # prefix of the worker's answer lines; libraries print the rest
-# Run the worker by path without putting rocmforge/ on sys.path (its inspect.py would shadow
+# Run the worker by path without putting rocmforge/bench/ on sys.path (a module of ours could shadow
 # the standard library's); with -c, sys.path[0] is the working directory, the output folder.
 BOOT = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
@@ -188,7 +188,7 @@ def plan(
 
 
 class Worker:
-    """A ``bench_worker.py serve`` process in one environment; requests and answers are JSON lines."""
+    """A ``bench/worker.py serve`` process in one environment; requests and answers are JSON lines."""
 
     def __init__(self, env: Env, out: Path):
         self.env = env
@@ -465,7 +465,7 @@ def main(args: argparse.Namespace) -> int:
         gpu = probes["A"]["gpu"]
         peak = lookup(gpu["name"])
         if peak is None:
-            console.print(f"no peak figures for {gpu['name']!r}: add a row to rocmforge/bench_peaks.py")
+            console.print(f"no peak figures for {gpu['name']!r}: add a row to rocmforge/bench/peaks.py")
         report: dict = {
             "schema": 1,
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -555,9 +555,3 @@ def nox_session(session, cfg) -> None:
     session.install("--find-links", str(wheelhouse), *pins, *names)
     session.install("-e", str(ROOT), "matplotlib")
     session.run("python", "-m", "rocmforge.bench", *session.posargs)
-
-
-if __name__ == "__main__":
-    from rocmforge.cli import main as cli_main
-
-    sys.exit(cli_main(["bench", *sys.argv[1:]]))

@@ -349,7 +349,7 @@ def main(argv: list[str]) -> int:
     """``MARK serve`` or ``MARK vllm SPEC-JSON``."""
     global MARK
     if len(argv) < 2:
-        print("usage: bench_worker.py MARK serve | MARK vllm SPEC-JSON", file=sys.stderr)
+        print("usage: bench/worker.py MARK serve | MARK vllm SPEC-JSON", file=sys.stderr)
         return 2
     MARK, mode = argv[0], argv[1]
     if mode == "serve":

@@ -196,7 +196,7 @@ def hip_clang_dir(cfg: Config, rocm_root: str) -> Path:
 # real binary; version queries, links and -E run the compiler directly. A source compiled and
 # linked in one call cannot be cached by either tool: it is logged as "bypassed".
 _SCRIPT = """#!/bin/sh
-# Written by rocmforge (rocmforge/compile_cache.py) at the start of each build; do not edit.
+# Written by rocmforge (rocmforge/build/compile_cache.py) at the start of each build; do not edit.
 {note}{real}
 {identity}compile= pre= src= lang= skip=
 for a do

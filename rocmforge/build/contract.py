@@ -55,8 +55,8 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from rocmforge import inspect
-from rocmforge.wheelfile import read_member
+from rocmforge.build.wheelfile import read_member
+from rocmforge.verify import inspect
 
 STACK_FILE = "stack.json"
 STACK_FORMAT = 1

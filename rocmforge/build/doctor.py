@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from rocmforge.buildenv import GIB, parallel_jobs, pick_compilers, rocm_for_build, satisfies
+from rocmforge.build.environment import GIB, parallel_jobs, pick_compilers, rocm_for_build, satisfies
 from rocmforge.config import VENV_TOOLS, Config, Package
 from rocmforge.errors import UserError
 from rocmforge.hints import install_hint
@@ -350,7 +350,7 @@ def _cuda(ctx: _Context) -> list[Check]:
 
 def _rocm_sources(ctx: _Context) -> list[Check]:
     """Sources that live in the ROCm install (amdsmi's share/amd_smi): present in the one used?"""
-    from rocmforge.sources import rocm_tree
+    from rocmforge.sources.checkout import rocm_tree
 
     checks = []
     for package in ctx.packages:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import compile_cache, recipes
+from rocmforge.build import compile_cache, recipes
 from rocmforge.config import Config, Package, require_package_archs
 from rocmforge.errors import UserError
 from rocmforge.host import HostFacts, RocmInstall, selected_rocm
@@ -112,7 +112,7 @@ def build_environment(
     ``facts``); PATH-like variables extend it. With the recipe context ``ctx`` (what the build
     passes, and ``env PKG``) the recipe's variables follow (``VLLM_TARGET_DEVICE``, ...) and the
     build venv comes first on PATH: everything the build gets. The checkout's date
-    (:attr:`rocmforge.sources.Checkout.source_date_epoch`, its commit time) becomes
+    (:attr:`rocmforge.sources.checkout.Checkout.source_date_epoch`, its commit time) becomes
     ``SOURCE_DATE_EPOCH``, which setuptools, CMake, compilers (``__DATE__``/``__TIME__``) and
     our own wheel writer use instead of the clock. The package's ``env`` table is merged last,
     so a package can override anything. ``cache=False`` leaves the compile cache out

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from rocmforge.wheelfile import read_metadata
+from rocmforge.build.wheelfile import read_metadata
 
 if TYPE_CHECKING:
-    from rocmforge.wheelhouse import Entry
+    from rocmforge.build.wheelhouse import Entry
 
 PYPI = "https://pypi.org/simple"
 REQUIREMENTS = "requirements.txt"
@@ -85,7 +85,10 @@ def clean_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def offline_wheels(environ: Mapping[str, str] | None = None) -> Path | None:
     """The offline export's ``wheels/`` when building from one (``ROCMFORGE_OFFLINE_BUNDLE``)."""
-    from rocmforge.sources import BUNDLE_ENV, BUNDLE_WHEELS  # the export's layout (sources: heavy, lazily)
+    from rocmforge.sources.checkout import (  # the export's layout (sources: heavy, lazily)
+        BUNDLE_ENV,
+        BUNDLE_WHEELS,
+    )
 
     environ = os.environ if environ is None else environ
     export = environ.get(BUNDLE_ENV)

@@ -2,8 +2,8 @@
 
 For a package ``NAME`` (``nox -s NAME``), in order:
 
-1. the toolchain checks that concern it (:func:`rocmforge.doctor.require_ok`);
-2. its source, pinned and patched (:func:`rocmforge.sources.prepare`);
+1. the toolchain checks that concern it (:func:`rocmforge.build.doctor.require_ok`);
+2. its source, pinned and patched (:func:`rocmforge.sources.checkout.prepare`);
 3. a fingerprint of everything that shapes the wheel (source, patches, environment, arch list,
    compilers, ROCm, Python, build requirements, the dependencies' wheels). Unchanged, with the
    wheel still in the wheelhouse: "up to date", done. Changed: the stale build directories are
@@ -14,7 +14,7 @@ For a package ``NAME`` (``nox -s NAME``), in order:
    on failure the lines that matter, the log path, the diagnosis when one is known, and one
    retry when the diagnosis has a retry plan;
 6. wheel fixups (dropped ``Requires-Dist``, local version label, provenance), written
-   deterministically (:func:`rocmforge.wheelfile.rewrite_wheel`, dated ``SOURCE_DATE_EPOCH``),
+   deterministically (:func:`rocmforge.build.wheelfile.rewrite_wheel`, dated ``SOURCE_DATE_EPOCH``),
    and publication to the wheelhouse with the provenance statement next to the wheel. Only a
    successful build publishes, so a failure leaves no wheel behind.
 
@@ -37,13 +37,11 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from rocmforge import __version__, buildlog, compile_cache, contract, killpoints, provenance, recipes
-from rocmforge.config import VENV_TOOLS, Config, Package, package_archs
-from rocmforge.console import console
-from rocmforge.errors import UserError
-from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json, remove_temp_files
-from rocmforge.install import uv_binary
-from rocmforge.wheelfile import (
+from rocmforge import __version__
+from rocmforge.build import compile_cache, contract, killpoints, provenance, recipes
+from rocmforge.build import log as buildlog
+from rocmforge.build.install import uv_binary
+from rocmforge.build.wheelfile import (
     drop_requirements,
     pin_requirements,
     read_metadata,
@@ -51,7 +49,11 @@ from rocmforge.wheelfile import (
     wheel_name,
     with_local_label,
 )
-from rocmforge.wheelhouse import Wheelhouse
+from rocmforge.build.wheelhouse import Wheelhouse
+from rocmforge.config import VENV_TOOLS, Config, Package, package_archs
+from rocmforge.console import console
+from rocmforge.errors import UserError
+from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json, remove_temp_files
 
 # Variables of the caller's environment that change what a compiler produces.
 SHAPING_VARIABLES = (
@@ -97,7 +99,7 @@ def run_session(session, cfg: Config, name: str) -> Result:
 
 def build_package(cfg: Config, name: str, *, facts=None) -> Result:
     """Bring ``name``'s wheel in the wheelhouse up to date with the config; see the module doc."""
-    from rocmforge import doctor
+    from rocmforge.build import doctor
 
     start = time.monotonic()
     pkg = cfg.package(name)
@@ -117,7 +119,9 @@ def build_package(cfg: Config, name: str, *, facts=None) -> Result:
 
 
 def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, start: float) -> Result:
-    from rocmforge import buildenv, lock, sources
+    from rocmforge.build import environment as buildenv
+    from rocmforge.sources import checkout as sources
+    from rocmforge.sources import lock
 
     name = pkg.name
     checkout = sources.prepare(cfg, name)
@@ -210,7 +214,9 @@ def _build(cfg: Config, pkg: Package, house: Wheelhouse, work: Path, facts, star
             )
         if failed is None:
             break
-        from rocmforge import diagnose  # its rules cost an import only a failed build needs
+        from rocmforge.diagnose import (
+            engine as diagnose,  # its rules cost an import only a failed build needs
+        )
 
         diagnosis = diagnose.diagnose_file(failed.log)
         _report_failure(name, failed, diagnosis)
@@ -279,7 +285,7 @@ def _pinned_by(cfg: Config, pkg: Package, commit: str | None) -> str | None:
     """Where the commit came from when another package's tree pins it (Triton from PyTorch)."""
     if not pkg.pin_from or commit is None:
         return None
-    from rocmforge import sources
+    from rocmforge.sources import checkout as sources
 
     derived, _version = sources.derived_pin(cfg, pkg)
     if commit.startswith(derived):
@@ -506,7 +512,7 @@ def build_context(cfg: Config, name: str, checkout, deps: Mapping[str, Path]) ->
 def planned_context(cfg: Config, name: str) -> recipes.Context:
     """The recipe context a build of ``name`` would get, from what is on disk now: the checkout
     already made (or None), the dependency wheels already published. Fetches and builds nothing."""
-    from rocmforge import sources
+    from rocmforge.sources import checkout as sources
 
     house = Wheelhouse(cfg.build.wheelhouse)
     deps = {}
@@ -559,7 +565,7 @@ def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], hou
     uv = uv_binary()
     steps = [("create", [uv, "venv", "--quiet", "--python", _python(cfg), str(venv)])]
     install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
-    from rocmforge import sources
+    from rocmforge.sources import checkout as sources
 
     install += sources.offline_index_args()  # air-gapped: the export's wheels are the only index
     if wheels:
@@ -713,7 +719,7 @@ def index_session(session, cfg: Config) -> None:
     A configured package without its wheel fails the session: installing the stack without it
     would take PyPI's release of that name (or none), not the one configured here.
     """
-    from rocmforge.install import REQUIREMENTS, install_commands, resolved_offline
+    from rocmforge.build.install import REQUIREMENTS, install_commands, resolved_offline
 
     house = Wheelhouse(cfg.build.wheelhouse)
     entries = house.reindex()
@@ -752,8 +758,9 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    """Print a package's build environment (:func:`rocmforge.buildenv.build_environment`)."""
-    from rocmforge import buildenv, host
+    """Print a package's build environment (:func:`rocmforge.build.environment.build_environment`)."""
+    from rocmforge import host
+    from rocmforge.build import environment as buildenv
     from rocmforge.config import load_config
 
     cfg = load_config()

@@ -35,9 +35,9 @@ from importlib import metadata
 from pathlib import Path
 
 from rocmforge import __version__
+from rocmforge.build.wheelfile import read_member
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, refuse_special
-from rocmforge.wheelfile import read_member
 
 FILENAME = "rocmforge.json"
 STATEMENT_SUFFIX = ".intoto.json"  # <wheel file name> + this, next to the wheel

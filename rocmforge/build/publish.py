@@ -21,10 +21,10 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from rocmforge.build.provenance import statement_path
+from rocmforge.build.wheelhouse import Entry, Wheelhouse
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.provenance import statement_path
-from rocmforge.wheelhouse import Entry, Wheelhouse
 
 ARTIFACT_RE = re.compile(r"^wheelhouse-(?P<archs>[A-Za-z0-9_.-]+?)--py(?P<python>[0-9]+\.[0-9]+)$")
 _RELEASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

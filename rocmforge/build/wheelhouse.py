@@ -10,8 +10,8 @@ Layout (``build.wheelhouse`` in the config)::
                                         to its provenance statement (also the anchor's
                                         data-provenance attribute, as in PEP 740)
       constraints.txt                   torch==2.13.0+rocm7.2, one exact pin per project
-      requirements.txt                  stack + runtime dependencies, hash-pinned (rocmforge.install)
-      stack.json                        what a node needs for these wheels (rocmforge.contract)
+      requirements.txt                  stack + runtime dependencies, hash-pinned (rocmforge.build.install)
+      stack.json                        what a node needs for these wheels (rocmforge.build.contract)
 
 The wheelhouse holds one wheel per project: the versions built together. A wheel enters only
 through :meth:`Wheelhouse.publish`, after its build succeeded, so a failing build leaves neither
@@ -26,7 +26,7 @@ A reader (pip, uv, a web server) therefore sees the old set or the new one, neve
 with an old index; a kill at any moment leaves one of them, and the next run sweeps the rest.
 Every change happens under one file lock.
 
-Installing so that nothing else can replace our wheels: :mod:`rocmforge.install`.
+Installing so that nothing else can replace our wheels: :mod:`rocmforge.build.install`.
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ from urllib.parse import quote
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name
 
-from rocmforge import contract, install, killpoints
+from rocmforge.build import contract, install, killpoints
+from rocmforge.build.provenance import statement_path
+from rocmforge.build.wheelfile import read_member, wheel_name
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, read_json
-from rocmforge.provenance import statement_path
-from rocmforge.wheelfile import read_member, wheel_name
 
 _CURRENT = ".index"  # symlink -> the published generation directory
 _GENERATION = ".index-"  # prefix of generation directories
@@ -481,7 +481,7 @@ def _entry(path: Path, shown: Path, sha256: str) -> Entry:
 
 def _dependencies(path: Path) -> dict[str, str]:
     """The dependency wheels' sha256 that rocmforge recorded inside the wheel, if any."""
-    from rocmforge import provenance
+    from rocmforge.build import provenance
 
     try:
         data = json.loads(read_member(path, provenance.FILENAME) or b"{}")

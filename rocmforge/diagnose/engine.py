@@ -25,7 +25,7 @@ once, in blocks, and:
    first fatal error and the next step for its family.
 
 The rules (signals, fatal-error shapes, facts, follow-ups, categories and families) are data, in
-``diagnose_rules.toml`` next to this file; the categories and what each means are defined in
+``diagnose/rules.toml`` next to this file; the categories and what each means are defined in
 ``docs/diagnose.md``. ``retry_plan`` turns the two mechanical categories into a changed build
 environment when the user enabled that in ``build.retry``.
 """
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from rocmforge.config import Config
 
 
-RULES_FILE = Path(__file__).with_name("diagnose_rules.toml")
+RULES_FILE = Path(__file__).with_name("rules.toml")
 # Below this score nothing in the log is a known failure: the category is ``unknown``.
 MIN_SCORE = 5.0
 # From this score on, the category rests on a rule for the very phenomenon (specific signals
@@ -87,7 +87,7 @@ class FirstError:
     line: int
     text: str
     family: str  # one of RULES.family_names: compiler, linker, loader, cmake, ...
-    fallback: str = ""  # the cause this shape of line alone shows, if any (see diagnose_rules.toml)
+    fallback: str = ""  # the cause this shape of line alone shows, if any (see diagnose/rules.toml)
     also: str = ""  # the cause that often shows the same way, named second with the fallback
 
 
@@ -219,7 +219,7 @@ class LineRule:
 
 @dataclass(frozen=True)
 class Rules:
-    """The contents of ``diagnose_rules.toml``, validated and compiled."""
+    """The contents of ``diagnose/rules.toml``, validated and compiled."""
 
     categories: tuple[str, ...]  # the causes, then "unknown"
     family_names: tuple[str, ...]
@@ -783,7 +783,7 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
     shaped = reading.first_shaped
     if not ranked and shaped is not None:
         # No signal is strong enough, but the fatal error's shape and family name the most
-        # likely cause (diagnose_rules.toml gives, per shape, how often it was right).
+        # likely cause (diagnose/rules.toml gives, per shape, how often it was right).
         ranked = [shaped.fallback]
         sig = Signal(
             "first-fatal-error", (), shaped.fallback, 0.0, _NOTHING, family=shaped.family, also=shaped.also

@@ -46,17 +46,17 @@ from types import MappingProxyType
 from packaging.utils import canonicalize_name, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import git, lock
-from rocmforge import patches as patchmod
 from rocmforge.config import Config, Package, Source
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, file_sha256, json_sha256, read_json
+from rocmforge.sources import git, lock
+from rocmforge.sources import patches as patchmod
 
 # Seconds to wait before each retry of a network operation; the last failure is reported.
 RETRY_DELAYS: tuple[float, ...] = (2.0, 5.0, 15.0)
 BUNDLE_ENV = "ROCMFORGE_OFFLINE_BUNDLE"
-BUNDLE_WHEELS = "wheels"  # the export's wheels for the build venvs (bundle.py writes them)
+BUNDLE_WHEELS = "wheels"  # the export's wheels for the build venvs (sources/export.py writes them)
 STAMP_VERSION = 2
 _HEX_RE = re.compile(r"^[0-9a-f]{7,40}$")
 # git's messages for a connection that failed or broke: worth a retry, unlike a refused request.

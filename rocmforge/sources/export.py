@@ -10,7 +10,7 @@
     DEST/archives/<sha256>/<file>   sdists and archives, as in the cache
     DEST/wheels/                    wheels of everything the build venvs install from an index:
                                       each recipe's build requirements (the list the build itself
-                                      asks for, :func:`rocmforge.build.venv_requirements`) and what
+                                      asks for, :func:`rocmforge.build.package.venv_requirements`) and what
                                       they depend on, resolved by uv for the build's Python
 
 On the air-gapped machine, ``ROCMFORGE_OFFLINE_BUNDLE=DEST`` makes every checkout read from
@@ -31,11 +31,14 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from rocmforge import build, git, install, lock, recipes, sources
+from rocmforge.build import install, recipes
+from rocmforge.build import package as build
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.config import Config
 from rocmforge.console import console
 from rocmforge.errors import UserError
-from rocmforge.wheelhouse import Wheelhouse
+from rocmforge.sources import checkout as sources
+from rocmforge.sources import git, lock
 
 # Distribution names of our packages whose wheel is named otherwise than the package.
 _DIST_NAMES = {"pytorch": "torch"}
@@ -111,7 +114,7 @@ def _export_source(cfg: Config, checkout: sources.Checkout, staging: Path) -> No
 def venv_requirements(cfg: Config, checkout: sources.Checkout) -> tuple[list[str], dict[str, Path]]:
     """What the build venv of ``checkout``'s package installs: the requirements it takes from an
     index, asked of its recipe with the context the build will use
-    (:func:`rocmforge.build.build_context`), and its dependencies' wheels."""
+    (:func:`rocmforge.build.package.build_context`), and its dependencies' wheels."""
     pkg = cfg.package(checkout.package)
     deps = _dependency_wheels(cfg, pkg.name)
     ctx = build.build_context(cfg, pkg.name, checkout, deps)

@@ -83,7 +83,7 @@ def locked_entry(cfg: Config, name: str) -> dict | None:
 
 
 def package_entry(checkout) -> dict:
-    """What the lock records about one prepared checkout (a :class:`rocmforge.sources.Checkout`)."""
+    """What the lock records about one prepared checkout (a :class:`rocmforge.sources.checkout.Checkout`)."""
     entry = {"kind": checkout.kind, "fingerprint": checkout.fingerprint()}
     for key in ("url", "version", "commit", "sha256"):
         value = getattr(checkout, key)

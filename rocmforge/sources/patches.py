@@ -31,11 +31,11 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import git
 from rocmforge.config import Config, Package, load_config
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_sha256
+from rocmforge.sources import git
 
 _FORMAT_PATCH_RE = re.compile(rb"^From [0-9a-f]{40} ")
 _FAILED_RE = re.compile(r"patch failed: (.+):(\d+)$", re.MULTILINE)

@@ -208,7 +208,7 @@ def _directory_files(root: Path) -> tuple[dict[str, str], str | None]:
 
 def download_sdist(version: str, cache: Path) -> tuple[Path, str]:
     """vLLM ``version``'s sdist from pip's index, checked against the sha256 the index lists."""
-    from rocmforge import sources
+    from rocmforge.sources import checkout as sources
 
     found = sources.find_sdist("vllm", version, what=f"vllm {version}")
     if found is None:

@@ -3,7 +3,7 @@
 The failures that otherwise show up hours later on the GPU machine, each checked here:
 
 - ``hipErrorNoBinaryForGpu`` / ``invalid device function``: every shared object of every
-  wheel must hold code for every configured arch, per offload bundle (``rocmforge.inspect``);
+  wheel must hold code for every configured arch, per offload bundle (``rocmforge.verify.inspect``);
 - ``libhipblas.so.2: cannot open shared object file``: every ``DT_NEEDED`` library must
   resolve inside the environment, in a ROCm install or on the system, else we say which
   package provides it;
@@ -11,7 +11,7 @@ The failures that otherwise show up hours later on the GPU machine, each checked
   built against, exactly one Triton installed, ``pip check`` clean;
 - import smoke tests in subprocesses, so a SIGSEGV/SIGILL is reported with its likely cause;
 - on a GPU: device visible, its arch built, matmul against the CPU, a Triton kernel, a few
-  vLLM tokens from a dummy-weight model (``rocmforge/verify_probe.py`` runs inside the env).
+  vLLM tokens from a dummy-weight model (``rocmforge/verify/probe.py`` runs inside the env).
 
 The nox session builds a fresh uv venv from the wheelhouse alone (PyPI only for projects the
 wheelhouse lacks). ``python -m rocmforge.verify --python PATH`` checks an existing
@@ -38,14 +38,14 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import inspect
+from rocmforge.build.install import REQUIREMENTS, install_argv, resolved_offline, uv_binary
+from rocmforge.build.wheelfile import wheel_name
 from rocmforge.errors import UserError
 from rocmforge.fsutil import file_sha256
-from rocmforge.install import REQUIREMENTS, install_argv, resolved_offline, uv_binary
-from rocmforge.wheelfile import wheel_name
+from rocmforge.verify import inspect
 
-ROOT = Path(__file__).resolve().parents[1]
-PROBE = Path(__file__).with_name("verify_probe.py")
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).with_name("probe.py")
 TINY_MODEL = ROOT / "examples" / "tiny-model"
 TRITON_PROJECTS = frozenset({"triton", "pytorch-triton-rocm", "pytorch-triton", "triton-rocm"})
 # glibc's default directories (after the cache), multiarch first as Debian/Ubuntu build it.
@@ -122,7 +122,7 @@ class Check:
 
 @dataclass(frozen=True)
 class Environment:
-    """What ``verify_probe.py dists`` reports about an interpreter's environment."""
+    """What ``verify/probe.py dists`` reports about an interpreter's environment."""
 
     python: str
     site: tuple[str, ...]
@@ -186,8 +186,8 @@ def _narrowed(required: tuple[str, ...], provenance: dict | None, narrow) -> tup
 def coverage_checks(wheels: Iterable[Path], required: tuple[str, ...], narrow=None) -> list[Check]:
     """Per wheel: does every bundle of every shared object cover ``required`` (narrowed to its
     package's archs by ``narrow``, see :func:`package_archs`)?"""
-    from rocmforge.provenance import FILENAME
-    from rocmforge.wheelfile import read_member
+    from rocmforge.build.provenance import FILENAME
+    from rocmforge.build.wheelfile import read_member
 
     checks = []
     full = required
@@ -648,7 +648,7 @@ def import_checks(python: str, modules: Iterable[str], environ=None) -> list[Che
 
 
 def gpu_checks(python: str, archs: tuple[str, ...], model: Path | None, environ=None) -> list[Check]:
-    """The GPU part, run by ``verify_probe.py gpu`` inside the environment."""
+    """The GPU part, run by ``verify/probe.py gpu`` inside the environment."""
     argv = [python, str(PROBE), "gpu", *[f"--arch={a}" for a in archs]]
     if model is not None:
         argv.append(f"--model={model}")
@@ -778,7 +778,7 @@ def _wheel_hashes(wheels: Iterable[Path]) -> dict[str, str]:
 
 def fresh_venv(venv: Path, wheelhouse: Path, python: str, *, offline: bool = False) -> tuple[str, list[Path]]:
     """A new uv venv holding every project of the wheelhouse; returns (python, wheels)."""
-    from rocmforge.wheelhouse import Wheelhouse
+    from rocmforge.build.wheelhouse import Wheelhouse
 
     house = Wheelhouse(wheelhouse)
     entries = house.entries()
@@ -920,9 +920,3 @@ def main(args: argparse.Namespace) -> int:
         model=args.model,
     )
     return report(checks, as_json=args.json)
-
-
-if __name__ == "__main__":
-    from rocmforge.cli import main as cli_main
-
-    sys.exit(cli_main(["verify", *sys.argv[1:]]))

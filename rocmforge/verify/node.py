@@ -1,6 +1,6 @@
 """``python -m rocmforge check-node``: can this node run the wheelhouse? Asked before installing.
 
-The wheelhouse's ``stack.json`` (written with the index, :mod:`rocmforge.contract`) says what its
+The wheelhouse's ``stack.json`` (written with the index, :mod:`rocmforge.build.contract`) says what its
 wheels need; this module compares a node with it:
 
 - **ROCm**: the install a process finds (``ROCM_PATH``, ``/opt/rocm``, ...) and its version
@@ -37,10 +37,13 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from rocmforge import arch_detect, contract, host, inspect, verify
-from rocmforge.doctor import FAIL, JOIN_FIX, OK, WARN, Check, render
+from rocmforge import arch_detect, host
+from rocmforge.build import contract
+from rocmforge.build.doctor import FAIL, JOIN_FIX, OK, WARN, Check, render
 from rocmforge.errors import UserError
 from rocmforge.fsutil import refuse_special
+from rocmforge.verify import checks as verify
+from rocmforge.verify import inspect
 
 DEFAULT_STACK = "wheelhouse/stack.json"
 
@@ -256,7 +259,7 @@ def _shown(path: str, root: Path) -> str:
 
 def _gpu_checks(doc: dict, gpus: list[arch_detect.Gpu], notes: list[str]) -> list[Check]:
     """Every GPU against every wheel with GPU code (a wheel built for ``gfx9-4-generic`` runs on
-    a gfx942: :func:`rocmforge.inspect.covers` decides, as for ``inspect --require``)."""
+    a gfx942: :func:`rocmforge.verify.inspect.covers` decides, as for ``inspect --require``)."""
     archs = doc["stack"].get("gpu_archs") or []
     per_wheel = {
         w["project"]: w["contract"]["gpu_archs"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-# Started by path, so sys.path[0] is rocmforge/, whose inspect.py would shadow the standard
+# Started by path, so sys.path[0] is rocmforge/verify/, whose inspect.py would shadow the standard
 # library's inspect (imported by importlib.metadata on Python 3.12, and by torch): drop it.
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]

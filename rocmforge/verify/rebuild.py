@@ -1,7 +1,7 @@
 """Rebuild a wheel from what it records and compare: ``python -m rocmforge rebuild-check WHEEL``.
 
 The wheel's ``rocmforge.json`` names everything that shapes its bytes (see
-:mod:`rocmforge.provenance`). ``rebuild-check`` builds the package again in a fresh directory
+:mod:`rocmforge.build.provenance`). ``rebuild-check`` builds the package again in a fresh directory
 (its own checkout, work dir and wheelhouse; no compile cache, so every object is compiled
 again) from exactly those inputs:
 
@@ -32,12 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from rocmforge import build, patches, provenance
+from rocmforge.build import package as build
+from rocmforge.build import provenance
+from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.config import Config, Patch, load_config
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import file_sha256
-from rocmforge.wheelhouse import Wheelhouse
+from rocmforge.sources import patches
 
 # Variables whose recorded value is where the toolchain lived on the first builder; the
 # rebuild takes this host's (the ROCm root itself is replayed through ROCM_PATH).
@@ -187,7 +189,7 @@ def seed_dependencies(cfg: Config, fresh_cfg: Config, record: dict, wheel: Path)
 
 def compare(original: Path, rebuilt: Path) -> list[MemberDiff]:
     """The members of two wheels that differ, with ELF sections and record keys named."""
-    from rocmforge.inspect import elf_section_digests
+    from rocmforge.verify.inspect import elf_section_digests
 
     found = []
     with zipfile.ZipFile(original) as za, zipfile.ZipFile(rebuilt) as zb:

@@ -1,9 +1,9 @@
 """Per-package build knowledge, one small module per package, everything else generic.
 
-A recipe answers five questions for :mod:`rocmforge.build`: which directory holds the project,
+A recipe answers five questions for :mod:`rocmforge.build.package`: which directory holds the project,
 what must be installed in the build venv, which extra environment the build needs, which
 commands run before and for the build, and which ``Requires-Dist`` lines the finished wheel
-must lose. :class:`~rocmforge.recipes.generic.Generic` answers them for any PEP 517 project;
+must lose. :class:`~rocmforge.build.recipes.generic.Generic` answers them for any PEP 517 project;
 ``pytorch``, ``triton``, ``torchvision``, ``torchaudio`` and ``vllm`` override what differs.
 """
 
@@ -22,8 +22,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 if TYPE_CHECKING:
+    from rocmforge.build.recipes.generic import Generic
     from rocmforge.config import Config, Package
-    from rocmforge.recipes.generic import Generic
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Context:
 
     cfg: Config
     package: Package
-    checkout: object | None  # rocmforge.sources.Checkout; None for a prebuilt wheel
+    checkout: object | None  # rocmforge.sources.checkout.Checkout; None for a prebuilt wheel
     python: Path  # the build venv's interpreter
     dist_dir: Path  # where the build must leave its wheel
     dependencies: Mapping[str, Path]  # configured dependency name -> its wheel in the wheelhouse
@@ -56,7 +56,7 @@ class Context:
         has its own switch for this pass it on (PyTorch's ``PYTORCH_EXTRA_INSTALL_REQUIREMENTS``);
         the wheel fixup adds whatever the build did not write.
         """
-        from rocmforge.wheelfile import wheel_name
+        from rocmforge.build.wheelfile import wheel_name
 
         pkg = self.package
         pinned = [d for d in pkg.depends if d not in pkg.unpinned_depends and d in self.dependencies]
@@ -70,7 +70,7 @@ class Context:
 
 def get(name: str) -> Generic:
     """The recipe called ``name`` (a module in this package with a ``RECIPE`` object)."""
-    return importlib.import_module(f"rocmforge.recipes.{name}").RECIPE
+    return importlib.import_module(f"rocmforge.build.recipes.{name}").RECIPE
 
 
 def read_requirements(path: Path) -> list[str]:

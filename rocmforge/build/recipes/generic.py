@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from rocmforge.build.recipes import Context, pyproject_build_requires, read_requirements
 from rocmforge.config import require_package_archs
 from rocmforge.errors import UserError
-from rocmforge.recipes import Context, pyproject_build_requires, read_requirements
 
 # PEP 517's fallback when a project declares no [build-system] (pip and build use the same).
 _LEGACY_BUILD_REQUIRES = ["setuptools>=40.8.0", "wheel"]
@@ -50,7 +50,8 @@ class Generic:
 
     def environment(self, ctx: Context, env: Mapping[str, str]) -> dict[str, str]:
         """Variables this recipe adds to (or replaces in) ``env``, the generic build environment
-        :func:`rocmforge.buildenv.build_environment` made so far; the config's ``env`` comes later."""
+        :func:`rocmforge.build.environment.build_environment` made so far; the config's ``env``
+        comes later."""
         names = _strings(ctx, "arch_variables")
         if not names or ctx.cfg.build.backend != "rocm":
             return {}

@@ -19,8 +19,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rocmforge.recipes import Context, read_requirements
-from rocmforge.recipes.generic import Generic
+from rocmforge.build.recipes import Context, read_requirements
+from rocmforge.build.recipes.generic import Generic
 
 # GPU targets AOTriton (the kernels behind flash and memory-efficient attention on ROCm) ships
 # images for. One arch outside the set and the AOTriton step of the build fails, so both
@@ -105,7 +105,7 @@ class PyTorch(Generic):
 
 
 def _has_build_backend(root: Path) -> bool:
-    from rocmforge.recipes import tomllib
+    from rocmforge.build.recipes import tomllib
 
     path = root / "pyproject.toml"
     return path.is_file() and "build-backend" in tomllib.loads(path.read_text()).get("build-system", {})

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from rocmforge.recipes import Context, read_requirements
-from rocmforge.recipes.torchvision import TorchDomainLibrary
+from rocmforge.build.recipes import Context, read_requirements
+from rocmforge.build.recipes.torchvision import TorchDomainLibrary
 
 
 class TorchAudio(TorchDomainLibrary):

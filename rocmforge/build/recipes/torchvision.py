@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rocmforge.recipes import Context
-from rocmforge.recipes.generic import Generic
+from rocmforge.build.recipes import Context
+from rocmforge.build.recipes.generic import Generic
 
 # The torch projects a domain library is built against; its PYTORCH_VERSION names one of them.
 TORCH_PROJECTS = ("torch",)

@@ -20,10 +20,10 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from rocmforge.buildenv import SYSTEM_DIRS
+from rocmforge.build.environment import SYSTEM_DIRS
+from rocmforge.build.recipes import Context, read_requirements
+from rocmforge.build.recipes.generic import Generic
 from rocmforge.errors import UserError
-from rocmforge.recipes import Context, read_requirements
-from rocmforge.recipes.generic import Generic
 
 
 class Triton(Generic):

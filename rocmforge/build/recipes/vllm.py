@@ -21,9 +21,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from rocmforge.build.recipes import Context, pyproject_build_requires, read_requirements
+from rocmforge.build.recipes.generic import Generic
 from rocmforge.errors import UserError
-from rocmforge.recipes import Context, pyproject_build_requires, read_requirements
-from rocmforge.recipes.generic import Generic
 
 TARGET_DEVICES = ("rocm", "cuda", "cpu", "empty")
 # Provided by our wheelhouse, never by vLLM's pins.
@@ -77,7 +77,7 @@ def _triton_kernels_dir(ctx: Context) -> Path | None:
 
     The checkout already made (Triton is built before vLLM); asking for the environment fetches
     nothing."""
-    from rocmforge import sources
+    from rocmforge.sources import checkout as sources
 
     depends = list(ctx.package.depends)
     for dep in ctx.cfg.build_order(depends) if depends else []:
