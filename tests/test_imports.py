@@ -155,6 +155,18 @@ def test_listing_the_sessions_loads_only_the_config():
     assert set(proc.stdout.split()) == {"rocmforge", "rocmforge.arch", "rocmforge.config", "rocmforge.errors"}
 
 
+def test_rich_is_imported_when_something_prints():
+    # Importing the build (a package session) must not pay for rich until something prints.
+    code = (
+        "import sys\nimport rocmforge.build.package\nfrom rocmforge.console import console\n"
+        "before = 'rich' in sys.modules\nconsole.print('hello', end='')\n"
+        "print('', before, 'rich.console' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert proc.stderr == "hello"
+    assert proc.stdout.split() == ["False", "True"]
+
+
 STAGES = (
     "rocmforge.sources.checkout",
     "rocmforge.build.package",
