@@ -1,7 +1,7 @@
 """Turn raw bench timings into figures: statistics, rates against the device's peak, A/B ratios.
 
-Everything here is pure: it takes per-call times (ms) as recorded by ``bench_worker`` and the
-peak row of ``bench_peaks``, so it is tested with recorded timings on machines without a GPU.
+Everything here is pure: it takes per-call times (ms) as recorded by ``worker`` and the
+peak row of ``peaks``, so it is tested with recorded timings on machines without a GPU.
 The one exception is ``plot``, which needs matplotlib.
 """
 
