@@ -31,6 +31,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from gitrepos import GitDaemon, Upstream, commit, git, git_package, gitmodules, snapshot, write_config  # noqa: E402
 
 from rocmforge.sources import checkout as sources  # noqa: E402
+from rocmforge.sources import mirrors  # noqa: E402
 
 
 def build_upstream(base: Path, files: int, commits: int, touch: int) -> tuple[Upstream, list[str]]:
@@ -124,7 +125,7 @@ def main() -> int:
             t = time.perf_counter()
             sources.prepare(cfg, "app")
             seconds = time.perf_counter() - t
-            return seconds, f"{objects(sources.mirror_path(cfg.build.cache_dir, url))} objects in the mirror"
+            return seconds, f"{objects(mirrors.mirror_path(cfg.build.cache_dir, url))} objects in the mirror"
 
         shutil.rmtree(base / "same", ignore_errors=True)
         (base / "same").mkdir()
@@ -154,7 +155,7 @@ def main() -> int:
                 cache=base / "bump" / "cache",
             )
             sources.prepare(cfg, "app")
-            mirror = sources.mirror_path(cfg.build.cache_dir, daemon.url("app"))
+            mirror = mirrors.mirror_path(cfg.build.cache_dir, daemon.url("app"))
             before = objects(mirror)
             cfg = write_config(
                 base / "bump",

@@ -637,7 +637,7 @@ def test_a_rocm_source_is_copied_out_of_the_rocm_install_and_built(tmp_path, mon
     from rocmforge.build.package import build_package
     from rocmforge.config import load_config
     from rocmforge.host import gather
-    from rocmforge.sources.checkout import tree_sha256
+    from rocmforge.sources.archives import tree_sha256
 
     rocm = tmp_path / "rocm"
     share = rocm / "share" / "amd_smi"

@@ -177,6 +177,7 @@ def test_a_pin_map_naming_another_commit_is_not_used(tmp_path, upstream, capsys)
     from gitrepos import write_config as sources_config
 
     from rocmforge.sources import checkout as sources
+    from rocmforge.sources import mirrors
 
     url = upstream.file_url("app")
     (tmp_path / "other").mkdir()
@@ -186,7 +187,7 @@ def test_a_pin_map_naming_another_commit_is_not_used(tmp_path, upstream, capsys)
         tmp_path, git_package("app", url, "v2", upstream.shas["c2"]), cache=other.build.cache_dir
     )
     assert sources.prepare(cfg, "app").commit == upstream.shas["c2"]
-    pins_file = sources.mirror_path(other.build.cache_dir, url).with_suffix(".pins.json")
+    pins_file = mirrors.mirror_path(other.build.cache_dir, url).with_suffix(".pins.json")
     pins = json.loads(pins_file.read_text())
     record = f"v2@{upstream.shas['c2']}"
     pins[record] = upstream.shas["c3"]  # the tamper: the cache says the pin resolved to c3

@@ -18,9 +18,9 @@ from gitrepos import commit, git, git_package, url_package, write_config
 from rocmforge.build.wheelfile import read_member
 from rocmforge.build.wheelhouse import Wheelhouse
 from rocmforge.errors import UserError
+from rocmforge.sources import cache, lock
 from rocmforge.sources import checkout as sources
 from rocmforge.sources import export as bundle
-from rocmforge.sources import lock
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,7 +30,7 @@ else:  # pragma: no cover
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    monkeypatch.setattr(sources, "RETRY_DELAYS", (0.1,))
+    monkeypatch.setattr(cache, "RETRY_DELAYS", (0.1,))
     monkeypatch.delenv("ROCMFORGE_LOCKED", raising=False)
     monkeypatch.delenv("ROCMFORGE_OFFLINE_BUNDLE", raising=False)
 

@@ -23,6 +23,7 @@ from gitrepos import (
 
 from rocmforge.errors import UserError
 from rocmforge.fsutil import file_lock
+from rocmforge.sources import archives, cache, mirrors
 from rocmforge.sources import checkout as sources
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _fast_retries(monkeypatch):
-    monkeypatch.setattr(sources, "RETRY_DELAYS", (0.1, 0.2))
+    monkeypatch.setattr(cache, "RETRY_DELAYS", (0.1, 0.2))
     monkeypatch.delenv("ROCMFORGE_LOCKED", raising=False)
     monkeypatch.delenv("ROCMFORGE_OFFLINE_BUNDLE", raising=False)
 
@@ -47,7 +48,7 @@ def test_git_daemon_shallow_checkout_with_nested_submodules(tmp_path, upstream, 
         "ext/lib": upstream.shas["lib"],
         "ext/lib/deps/leaf": upstream.shas["leaf"],
     }
-    mirror = sources.mirror_path(cfg.build.cache_dir, daemon.url("app"))
+    mirror = mirrors.mirror_path(cfg.build.cache_dir, daemon.url("app"))
     # Fetched by id with --depth 1: the mirror is shallow and lacks the older commit c1.
     assert (mirror / "shallow").read_text().split() == [upstream.shas["c2"]]
     assert git("cat-file", "-t", upstream.shas["c2"], cwd=mirror) == "commit"
@@ -79,7 +80,7 @@ def test_pin_bump_fetches_only_new_objects(tmp_path, upstream, daemon):
     url = daemon.url("app")
     cfg = write_config(tmp_path, git_package("app", url, "v2", upstream.shas["c2"]))
     sources.prepare(cfg, "app")
-    mirror = sources.mirror_path(cfg.build.cache_dir, url)
+    mirror = mirrors.mirror_path(cfg.build.cache_dir, url)
     objects_before = set(
         git("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=mirror).split()
     )
@@ -146,7 +147,7 @@ def test_server_refusing_fetch_by_id_gets_a_full_fetch(tmp_path, upstream, daemo
     cfg = write_config(tmp_path, git_package("app", daemon.url("app"), "main", upstream.shas["c2"]))
     co = sources.prepare(cfg, "app")
     assert co.commit == upstream.shas["c2"]
-    mirror = sources.mirror_path(cfg.build.cache_dir, daemon.url("app"))
+    mirror = mirrors.mirror_path(cfg.build.cache_dir, daemon.url("app"))
     assert not (mirror / "shallow").exists()
     assert git("cat-file", "-t", upstream.shas["c1"], cwd=mirror) == "commit"
 
@@ -363,7 +364,7 @@ def test_url_archive_checkout_and_cached_corruption(tmp_path, http):
     co = sources.prepare(cfg, "arc")
     assert co.sha256 == _sha(good) and co.commit is None
     assert (co.path / "setup.py").read_text() == "print('hi')\n"  # ignored by its .gitignore, still there
-    cached = sources.archive_path(cfg.build.cache_dir, _sha(good), good.name)
+    cached = archives.archive_path(cfg.build.cache_dir, _sha(good), good.name)
     cached.write_bytes(b"bit rot")
     (tmp_path / "third_party" / ".arc.stamp.json").unlink()
     co = sources.prepare(cfg, "arc")  # the corrupt cached file is deleted and downloaded again
@@ -433,7 +434,7 @@ def test_http_errors_are_retried_and_offline_names_the_archive(tmp_path, http, c
     assert capfd.readouterr().err.count("HTTP 503 busy; retrying") == 2
     http.httpd.failures = 3
     (tmp_path / "third_party/.arc.stamp.json").unlink()
-    sources.archive_path(cfg.build.cache_dir, _sha(good), good.name).unlink()
+    archives.archive_path(cfg.build.cache_dir, _sha(good), good.name).unlink()
     with pytest.raises(UserError, match=r"^arc: .*: HTTP 503 busy after 3 attempts; try again later$"):
         sources.prepare(cfg, "arc")
 

@@ -350,7 +350,7 @@ def _cuda(ctx: _Context) -> list[Check]:
 
 def _rocm_sources(ctx: _Context) -> list[Check]:
     """Sources that live in the ROCm install (amdsmi's share/amd_smi): present in the one used?"""
-    from rocmforge.sources.checkout import rocm_tree
+    from rocmforge.sources.archives import rocm_tree
 
     checks = []
     for package in ctx.packages:

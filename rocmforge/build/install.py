@@ -85,7 +85,7 @@ def clean_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def offline_wheels(environ: Mapping[str, str] | None = None) -> Path | None:
     """The offline export's ``wheels/`` when building from one (``ROCMFORGE_OFFLINE_BUNDLE``)."""
-    from rocmforge.sources.checkout import (  # the export's layout (sources: heavy, lazily)
+    from rocmforge.sources.mirrors import (  # the export's layout (sources: heavy, lazily)
         BUNDLE_ENV,
         BUNDLE_WHEELS,
     )

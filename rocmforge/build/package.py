@@ -565,9 +565,9 @@ def _make_venv(cfg, venv: Path, requirements: list[str], wheels: list[Path], hou
     uv = uv_binary()
     steps = [("create", [uv, "venv", "--quiet", "--python", _python(cfg), str(venv)])]
     install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")]
-    from rocmforge.sources import checkout as sources
+    from rocmforge.sources import mirrors
 
-    install += sources.offline_index_args()  # air-gapped: the export's wheels are the only index
+    install += mirrors.offline_index_args()  # air-gapped: the export's wheels are the only index
     if wheels:
         # Our index first: for any project it has, uv takes no version from PyPI.
         install += ["--index", (house.simple).resolve().as_uri(), *map(str, wheels)]

@@ -38,7 +38,7 @@ from rocmforge.config import Config
 from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.sources import checkout as sources
-from rocmforge.sources import git, lock
+from rocmforge.sources import git, lock, mirrors
 
 # Distribution names of our packages whose wheel is named otherwise than the package.
 _DIST_NAMES = {"pytorch": "torch"}
@@ -64,7 +64,7 @@ def export(cfg: Config, dest: Path, *, tar: bool = False, index_args: tuple[str,
         shutil.copy2(cfg.path, staging / cfg.path.name)
         for checkout in checkouts:
             _export_source(cfg, checkout, staging)
-            _download_wheels(cfg, checkout, staging / sources.BUNDLE_WHEELS, index_args)
+            _download_wheels(cfg, checkout, staging / mirrors.BUNDLE_WHEELS, index_args)
         os.replace(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -83,14 +83,14 @@ def _export_source(cfg: Config, checkout: sources.Checkout, staging: Path) -> No
     cache = cfg.build.cache_dir
     if checkout.kind == "git":
         by_mirror: dict[Path, list[str]] = {}
-        for url, commit in sources.git_repositories(cfg, checkout):
-            by_mirror.setdefault(sources.mirror_path(cache, url), []).append(commit)
+        for url, commit in mirrors.git_repositories(cfg, checkout):
+            by_mirror.setdefault(mirrors.mirror_path(cache, url), []).append(commit)
         for mirror, commits in by_mirror.items():
             refs = []
             for commit in commits:
                 git.run(["update-ref", f"refs/rocmforge/{commit}", commit], git_dir=mirror)
                 refs.append(f"refs/rocmforge/{commit}")
-            out = staging / "git" / sources.bundle_name(mirror)
+            out = staging / "git" / mirrors.bundle_name(mirror)
             out.parent.mkdir(parents=True, exist_ok=True)
             git.run(["bundle", "create", "-q", str(out), *refs], git_dir=mirror)
             if (mirror / "shallow").exists():

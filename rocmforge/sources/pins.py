@@ -208,18 +208,18 @@ def _directory_files(root: Path) -> tuple[dict[str, str], str | None]:
 
 def download_sdist(version: str, cache: Path) -> tuple[Path, str]:
     """vLLM ``version``'s sdist from pip's index, checked against the sha256 the index lists."""
-    from rocmforge.sources import checkout as sources
+    from rocmforge.sources import archives
 
-    found = sources.find_sdist("vllm", version, what=f"vllm {version}")
+    found = archives.find_sdist("vllm", version, what=f"vllm {version}")
     if found is None:
-        raise UserError(f"--from-vllm {version}: no sdist of vllm {version} on {sources.pip_index_url()}")
+        raise UserError(f"--from-vllm {version}: no sdist of vllm {version} on {archives.pip_index_url()}")
     filename, url, sha256 = found
     if not sha256:
         raise UserError(
             f"--from-vllm {version}: the index lists {filename} without a sha256, so the download cannot be "
             "checked; download it yourself and pass the file"
         )
-    return sources.fetch_archive(cache, url, filename, sha256, what=f"vllm {version}"), sha256
+    return archives.fetch_archive(cache, url, filename, sha256, what=f"vllm {version}"), sha256
 
 
 def read_stack(spec: str, *, cache: Path) -> Stack:
