@@ -31,7 +31,7 @@ from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import file_lock, file_sha256, json_sha256, read_json
 from rocmforge.sources import cache, git
-from rocmforge.sources.cache import _OFFLINE_FIX, _UNRESOLVED_RE, _waiting
+from rocmforge.sources.cache import OFFLINE_FIX, UNRESOLVED_RE, waiting
 
 
 def _archive_location(pkg: Package, src: Source, *, offline: bool) -> tuple[str | None, str | None]:
@@ -152,12 +152,12 @@ def _with_retries(action, *, url: str, what: str):
             final = f"{what}: {url}: {error} after {len(cache.RETRY_DELAYS) + 1} attempts; try again later"
         except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
             error = str(getattr(exc, "reason", None) or exc) or type(exc).__name__
-            if _UNRESOLVED_RE.search(error):
+            if UNRESOLVED_RE.search(error):
                 host = urllib.parse.urlsplit(url).hostname
-                raise UserError(f"{what}: cannot resolve {host} ({error}); {_OFFLINE_FIX}") from None
+                raise UserError(f"{what}: cannot resolve {host} ({error}); {OFFLINE_FIX}") from None
             final = (
                 f"{what}: network error after {len(cache.RETRY_DELAYS) + 1} attempts at {url}: {error}; "
-                f"{_OFFLINE_FIX}"
+                f"{OFFLINE_FIX}"
             )
         if delay is None:
             raise UserError(final) from None
@@ -178,9 +178,7 @@ def _fetch_archive(cache, url, filename, sha256, *, offline, bundle, what) -> Pa
         found = [p.name for d in places if d.is_dir() for p in d.iterdir() if not p.name.startswith(".")]
         filename = found[0] if found else "archive"
     dest = archive_path(cache, sha256, filename)
-    with file_lock(
-        dest.parent.with_suffix(".lock"), what=f"fetching {filename}", on_wait=_waiting(str(dest))
-    ):
+    with file_lock(dest.parent.with_suffix(".lock"), what=f"fetching {filename}", on_wait=waiting(str(dest))):
         if dest.is_file():
             if file_sha256(dest) == sha256:
                 return dest

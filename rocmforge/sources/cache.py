@@ -18,25 +18,27 @@ RETRY_DELAYS: tuple[float, ...] = (2.0, 5.0, 15.0)
 
 # A name that does not resolve: no DNS on this machine (air-gapped, offline). Retrying rarely
 # helps and cost 22 s before the same answer, so it is one line at once.
-_UNRESOLVED_RE = re.compile(
+UNRESOLVED_RE = re.compile(
     r"could not resolve host|name or service not known|temporary failure in name resolution"
     r"|no address associated with hostname|nodename nor servname",
     re.IGNORECASE,
 )
 
-_OFFLINE_FIX = (
+OFFLINE_FIX = (
     "check the connection, or build offline from a filled cache or an export (README: Air-gapped clusters)"
 )
 
 
-def _waiting(what: str):
+def waiting(what: str):
+    """``file_lock``'s ``on_wait``: says which run holds the lock on ``what``."""
+
     def say(holder: str) -> None:
         console.print(f"waiting for {what}: held by {holder or 'another run'}")
 
     return say
 
 
-def _replace_tree(staging: Path, tree: Path) -> None:
+def replace_tree(staging: Path, tree: Path) -> None:
     """Swap a finished tree into place: rename is atomic, deleting the old one comes after."""
     old = None
     if tree.exists():

@@ -55,7 +55,7 @@ from rocmforge.sources.archives import (
     rocm_tree,
     tree_sha256,
 )
-from rocmforge.sources.cache import _replace_tree, _waiting
+from rocmforge.sources.cache import replace_tree, waiting
 from rocmforge.sources.mirrors import (
     _HEX_RE,
     _bundle_dir,
@@ -184,7 +184,7 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
     third_party = cfg.build.third_party
     tree = third_party / name
     stamp_path = third_party / f".{name}.stamp.json"
-    with file_lock(third_party / f".{name}.lock", what=f"preparing {name}", on_wait=_waiting(str(tree))):
+    with file_lock(third_party / f".{name}.lock", what=f"preparing {name}", on_wait=waiting(str(tree))):
         stamp = read_json(stamp_path)
         if not (stamp and stamp.get("key") == key and tree.is_dir()):
             _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, offline=offline, bundle=bundle)
@@ -463,7 +463,7 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
             raise
         stamp_path.unlink(missing_ok=True)
         if staging:
-            _replace_tree(staging, tree)
+            replace_tree(staging, tree)
         else:
             _reset(tree, base_commit)
         commit, sha256, submodules = None, digest, {}

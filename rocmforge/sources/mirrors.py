@@ -26,7 +26,7 @@ from rocmforge.console import console
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write, file_lock, read_json
 from rocmforge.sources import cache, git
-from rocmforge.sources.cache import _OFFLINE_FIX, _UNRESOLVED_RE, _replace_tree, _waiting
+from rocmforge.sources.cache import OFFLINE_FIX, UNRESOLVED_RE, replace_tree, waiting
 
 if TYPE_CHECKING:
     from rocmforge.sources.checkout import Checkout
@@ -50,8 +50,8 @@ def _remote(args: list[str], *, git_dir: Path, what: str):
     """
     for delay in (*cache.RETRY_DELAYS, None):
         proc = git.run(args, git_dir=git_dir, check=False)
-        if proc.returncode != 0 and _UNRESOLVED_RE.search(proc.stderr):
-            raise UserError(f"{what}: {git.last_line(proc.stderr)}; {_OFFLINE_FIX}")
+        if proc.returncode != 0 and UNRESOLVED_RE.search(proc.stderr):
+            raise UserError(f"{what}: {git.last_line(proc.stderr)}; {OFFLINE_FIX}")
         if proc.returncode == 0 or not _TRANSIENT_RE.search(proc.stderr):
             return proc
         # git says "could not read from remote repository" for a missing local repository
@@ -65,7 +65,7 @@ def _remote(args: list[str], *, git_dir: Path, what: str):
         if delay is None:
             raise UserError(
                 f"{what}: network error after {len(cache.RETRY_DELAYS) + 1} attempts: "
-                f"{git.last_line(proc.stderr)}; {_OFFLINE_FIX}"
+                f"{git.last_line(proc.stderr)}; {OFFLINE_FIX}"
             )
         console.print(f"{what}: {git.last_line(proc.stderr)}; retrying in {delay:g} s")
         time.sleep(delay)
@@ -196,7 +196,7 @@ def resolve_url(base: str, rel: str) -> str:
 def _ensure_commit(mirror: Path, url, rev, pin, *, offline, bundle, what) -> str:
     """The full commit ``rev``/``pin`` stand for, present in ``mirror`` (fetched if needed)."""
     lock = mirror.with_suffix(".lock")
-    with file_lock(lock, what=f"fetching {url}", on_wait=_waiting(str(mirror))):
+    with file_lock(lock, what=f"fetching {url}", on_wait=waiting(str(mirror))):
         created = not mirror.exists()
         if created:
             _create_mirror(mirror, url)
@@ -427,7 +427,7 @@ def _materialize(tree: Path, root: _Repo) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{tree.name}.tmp-", dir=tree.parent))
     try:
         _checkout_all(staging, root)
-        _replace_tree(staging, tree)
+        replace_tree(staging, tree)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
