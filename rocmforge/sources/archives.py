@@ -34,7 +34,7 @@ from rocmforge.sources import cache, git
 from rocmforge.sources.cache import OFFLINE_FIX, UNRESOLVED_RE, waiting
 
 
-def _archive_location(pkg: Package, src: Source, *, offline: bool) -> tuple[str | None, str | None]:
+def archive_location(pkg: Package, src: Source, *, offline: bool) -> tuple[str | None, str | None]:
     """(download URL, file name); the URL of a PyPI sdist comes from pip's configured index."""
     if src.kind == "url":
         return src.url, Path(urllib.parse.urlsplit(src.url).path).name or f"{pkg.name}.tar.gz"
@@ -124,7 +124,7 @@ def _sdist_url(name: str, version: str, sha256: str, *, what: str) -> tuple[str,
 
 def fetch_archive(cache: Path, url: str, filename: str, sha256: str, *, what: str) -> Path:
     """The archive at ``url`` in the cache (``<cache>/archives/<sha256>/``), checked against ``sha256``."""
-    return _fetch_archive(cache, url, filename, sha256, offline=False, bundle=None, what=what)
+    return cached_archive(cache, url, filename, sha256, offline=False, bundle=None, what=what)
 
 
 def _http_get(url: str, *, what: str, accept: str = "*/*") -> tuple[bytes, str]:
@@ -171,7 +171,7 @@ def archive_path(cache: Path, sha256: str, filename: str) -> Path:
     return cache / "archives" / sha256 / filename
 
 
-def _fetch_archive(cache, url, filename, sha256, *, offline, bundle, what) -> Path:
+def cached_archive(cache, url, filename, sha256, *, offline, bundle, what) -> Path:
     """The verified archive in the cache; downloaded (or taken from an export) when missing."""
     if filename is None:
         places = [cache / "archives" / sha256, *([bundle / "archives" / sha256] if bundle else [])]
@@ -228,7 +228,7 @@ def _fetch_archive(cache, url, filename, sha256, *, offline, bundle, what) -> Pa
         return dest
 
 
-def _import_archive(archive: Path, staging: Path, *, what: str) -> str:
+def import_archive(archive: Path, staging: Path, *, what: str) -> str:
     """Extract ``archive`` into ``staging`` (single top directory stripped) and commit it.
 
     The commit gives archives what git trees have: patches apply with git, a reset makes the
@@ -270,7 +270,7 @@ def _commit_tree(staging: Path, what: str) -> str:
 _BUILD_LEFTOVERS = ("build", "dist", "*.egg-info", "__pycache__")
 
 
-def _import_directory(source: Path, staging: Path) -> str:
+def import_directory(source: Path, staging: Path) -> str:
     """Copy a tree of the ROCm install into ``staging`` and commit it: builds never write there."""
     shutil.copytree(source, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*_BUILD_LEFTOVERS))
     return _commit_tree(staging, str(source))
@@ -309,7 +309,7 @@ def rocm_tree(pkg: Package, installs) -> Path:
     return where
 
 
-def _reusable_import(stamp_path: Path, tree: Path, sha256: str) -> str | None:
+def reusable_import(stamp_path: Path, tree: Path, sha256: str) -> str | None:
     """The import commit of ``tree`` when it already holds this archive (only patches change)."""
     stamp = read_json(stamp_path)
     if not stamp or stamp["key"].get("sha256") != sha256 or not git.is_work_tree(tree):

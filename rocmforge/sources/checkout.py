@@ -47,23 +47,23 @@ from rocmforge.fsutil import atomic_write, file_lock, json_sha256, read_json
 from rocmforge.sources import git, lock
 from rocmforge.sources import patches as patchmod
 from rocmforge.sources.archives import (
-    _archive_location,
-    _fetch_archive,
-    _import_archive,
-    _import_directory,
-    _reusable_import,
+    archive_location,
+    cached_archive,
+    import_archive,
+    import_directory,
+    reusable_import,
     rocm_tree,
     tree_sha256,
 )
 from rocmforge.sources.cache import replace_tree, waiting
 from rocmforge.sources.mirrors import (
-    _HEX_RE,
-    _bundle_dir,
-    _git_dirs,
-    _materialize,
-    _reset,
-    _resolve_repo,
-    _walk,
+    HEX_RE,
+    bundle_dir,
+    git_dirs,
+    materialize,
+    reset_tree,
+    resolve_repo,
+    walk,
 )
 
 STAMP_VERSION = 2
@@ -154,7 +154,7 @@ def prepare(cfg: Config, name: str, *, offline: bool = False) -> Checkout:
     src = pkg.source
     if src is None:
         raise UserError(f"packages.{name}: has no [source] (it is taken prebuilt); nothing to check out")
-    bundle = _bundle_dir()
+    bundle = bundle_dir()
     offline = offline or bundle is not None
     if src.kind == "path":
         return _local_tree(cfg, pkg, src)
@@ -375,7 +375,7 @@ def derived_pin(cfg: Config, pkg: Package, *, offline: bool = False) -> tuple[st
             f"packages.{pkg.name}.pin_from: {pkg.pin_from}'s tree has no {PYTORCH_TRITON_COMMIT}; "
             f"remove pin_from and pin {pkg.name} yourself"
         ) from None
-    if not _HEX_RE.match(commit):
+    if not HEX_RE.match(commit):
         raise UserError(f"{commit_file}: {commit!r} is not a commit id; remove pin_from and pin yourself")
     version = version_file.read_text().strip() if version_file.is_file() else None
     return commit, version
@@ -425,32 +425,32 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
     tree.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(tree)
     if src.kind == "git":
-        root = _resolve_repo(
+        root = resolve_repo(
             cache, src.url, src.rev, pin.commit, "", src.submodules, offline, bundle, pkg.name
         )
-        plan = patchmod.dry_run(selected, _git_dirs(root))
+        plan = patchmod.dry_run(selected, git_dirs(root))
         stamp_path.unlink(missing_ok=True)
-        _materialize(tree, root)
+        materialize(tree, root)
         base_commit, url, sha256 = root.commit, src.url, None
-        submodules = {r.path: r.commit for r in _walk(root) if r.path}
+        submodules = {r.path: r.commit for r in walk(root) if r.path}
         epoch = commit_time(root.commit, git_dir=root.mirror)
     else:
         if src.kind == "rocm":
             url, digest = key["url"], key["sha256"]
 
             def fill(staging: Path) -> str:
-                return _import_directory(Path(url), staging)
+                return import_directory(Path(url), staging)
         else:
-            url, filename = _archive_location(pkg, src, offline=offline)
-            archive = _fetch_archive(
+            url, filename = archive_location(pkg, src, offline=offline)
+            archive = cached_archive(
                 cache, url, filename, src.sha256, offline=offline, bundle=bundle, what=pkg.name
             )
             digest = src.sha256
 
             def fill(staging: Path) -> str:
-                return _import_archive(archive, staging, what=pkg.name)
+                return import_archive(archive, staging, what=pkg.name)
 
-        base_commit = _reusable_import(stamp_path, tree, digest)
+        base_commit = reusable_import(stamp_path, tree, digest)
         staging = None
         try:
             if base_commit is None:
@@ -465,7 +465,7 @@ def _rebuild(cfg, pkg, pin, selected, key, tree, stamp_path, *, offline, bundle)
         if staging:
             replace_tree(staging, tree)
         else:
-            _reset(tree, base_commit)
+            reset_tree(tree, base_commit)
         commit, sha256, submodules = None, digest, {}
         # A ROCm install has no date of its own to give; an archive has its members'.
         epoch = None if src.kind == "rocm" else archive_time(archive, what=pkg.name)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 BUNDLE_ENV = "ROCMFORGE_OFFLINE_BUNDLE"
 BUNDLE_WHEELS = "wheels"  # the export's wheels for the build venvs (sources/export.py writes them)
-_HEX_RE = re.compile(r"^[0-9a-f]{7,40}$")
+HEX_RE = re.compile(r"^[0-9a-f]{7,40}$")
 # git's messages for a connection that failed or broke: worth a retry, unlike a refused request.
 _TRANSIENT_RE = re.compile(
     r"unable to connect|connection (refused|reset|timed out|closed)|could not resolve host|early eof"
@@ -111,17 +111,17 @@ def git_repositories(cfg: Config, checkout: Checkout) -> list[tuple[str, str]]:
     return found
 
 
-def _walk(repo: _Repo) -> Iterator[_Repo]:
+def walk(repo: _Repo) -> Iterator[_Repo]:
     yield repo
     for child in repo.children:
-        yield from _walk(child)
+        yield from walk(child)
 
 
-def _git_dirs(root: _Repo) -> dict[str, tuple[Path, str]]:
-    return {r.path: (r.mirror, r.commit) for r in _walk(root)}
+def git_dirs(root: _Repo) -> dict[str, tuple[Path, str]]:
+    return {r.path: (r.mirror, r.commit) for r in walk(root)}
 
 
-def _resolve_repo(cache, url, rev, pin, path, submodules, offline, bundle, what) -> _Repo:
+def resolve_repo(cache, url, rev, pin, path, submodules, offline, bundle, what) -> _Repo:
     """Make the mirror hold the pinned commit and, recursively, every submodule's commit."""
     mirror = mirror_path(cache, url)
     label = f"{what}{'/' + path if path else ''}"
@@ -133,7 +133,7 @@ def _resolve_repo(cache, url, rev, pin, path, submodules, offline, bundle, what)
             with ThreadPoolExecutor(max_workers=min(8, len(subs))) as pool:
                 futures = [
                     pool.submit(
-                        _resolve_repo,
+                        resolve_repo,
                         cache,
                         sub_url,
                         None,
@@ -353,7 +353,7 @@ def _ls_remote(mirror: Path, url: str, rev: str, *, what: str) -> tuple[str, str
     ):
         if name in refs:
             return kind, refs[name]
-    if _HEX_RE.match(rev):
+    if HEX_RE.match(rev):
         return "commit", None
     raise UserError(f"{what}: rev {rev!r} is neither a branch, a tag nor a commit at {url}; fix the rev")
 
@@ -419,7 +419,7 @@ def _check_on_branch(mirror: Path, commit: str, branch: str, *, what: str, url: 
     )
 
 
-def _materialize(tree: Path, root: _Repo) -> None:
+def materialize(tree: Path, root: _Repo) -> None:
     """Check every repository of ``root`` out under ``tree``; a new tree is built aside and renamed."""
     if git.is_work_tree(tree):
         _checkout_all(tree, root)
@@ -456,10 +456,10 @@ def _checkout_repo(where: Path, mirror: Path, commit: str) -> None:
         atomic_write(git_dir / "shallow", shallow.read_bytes())
     # A run killed inside git leaves its index lock; we hold the checkout lock, so it is stale.
     (git_dir / "index.lock").unlink(missing_ok=True)
-    _reset(where, commit)
+    reset_tree(where, commit)
 
 
-def _reset(where: Path, commit: str) -> None:
+def reset_tree(where: Path, commit: str) -> None:
     """Make ``where`` exactly ``commit``: tracked files restored, untracked and ignored files gone."""
     git.run(["checkout", "-q", "-f", "--detach", commit], cwd=where)
     git.run(["clean", "-q", "-ffdx"], cwd=where)
@@ -488,7 +488,7 @@ def import_bundle(bundle: Path, mirror: Path, url: str) -> None:
     atomic_write(mirror.with_suffix(".pins.json"), json.dumps(pins, indent=1, sort_keys=True))
 
 
-def _bundle_dir() -> Path | None:
+def bundle_dir() -> Path | None:
     value = os.environ.get(BUNDLE_ENV)
     if not value:
         return None
