@@ -170,6 +170,13 @@ def test_cli_json_and_nox_session_finish_in_seconds():
     assert proc.returncode == (0 if doc["ok"] else 1)
     assert {c["status"] for c in doc["checks"]} <= {OK, WARN, FAIL}
     assert doc["facts"]["cpus"] >= 1
+    # In a log (no terminal) the verdict is the last line, whole, naming what to run after the fixes.
+    text = subprocess.run(
+        [sys.executable, "-m", "rocmforge", "doctor"], capture_output=True, text=True, cwd=ROOT
+    )
+    if not doc["ok"]:
+        assert text.stderr.splitlines()[-1] == doc["verdict"]
+        assert doc["verdict"].endswith("then check again with `python -m rocmforge doctor`")
 
     start = time.monotonic()
     nox = subprocess.run(

@@ -263,6 +263,11 @@ def test_cli_json_on_this_machine_with_a_saved_paste(tmp_path):
     assert failed == expected and doc["ok"] == (not expected)
     assert proc.returncode == (1 if expected else 0)
     assert next(c for c in doc["checks"] if c["name"] == "GPUs")["found"].startswith("gfx90a")
+    if expected:  # the table's verdict names the command to run again after the fixes
+        text = cli("--stack", str(path), "--gpus", str(ARCH_DATA / "rocminfo_mi250x.txt"))
+        assert text.stderr.splitlines()[-1].endswith(
+            f"then check again with `python -m rocmforge check-node --stack {path}`"
+        )
 
 
 def test_stack_from_an_index_server_by_url(http, tmp_path):

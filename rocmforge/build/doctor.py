@@ -439,7 +439,10 @@ def report(cfg: Config, facts: HostFacts, *, as_json: bool = False) -> int:
         from rocmforge.console import console
 
         render(checks)
-        console.print(verdict(checks, RECHECK), style="bold red" if failed else "green", markup=False)
+        # soft_wrap: one line in a log too, however long (a verdict is grepped and tail -1ed)
+        console.print(
+            verdict(checks, RECHECK), style="bold red" if failed else "green", markup=False, soft_wrap=True
+        )
     return 1 if failed else 0
 
 

@@ -440,9 +440,10 @@ def main(args: argparse.Namespace) -> int:
 
         render(checks, title="rocmforge check-node")
         verdict = (
-            f"this node cannot run the stack: {len(failed)} check(s) failed; apply the fixes, then rerun"
+            f"this node cannot run the stack: {len(failed)} check(s) failed; apply the fixes in the "
+            f"table's fix column, then check again with `python -m rocmforge check-node --stack {args.stack}`"
             if failed
             else "this node can run the stack"
         )
-        console.print(verdict, style="bold red" if failed else "green", markup=False)
+        console.print(verdict, style="bold red" if failed else "green", markup=False, soft_wrap=True)
     return 1 if failed else 0
