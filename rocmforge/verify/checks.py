@@ -198,9 +198,9 @@ def coverage_checks(wheels: Iterable[Path], required: tuple[str, ...], narrow=No
         with_code = [f for f in report.files if f.bundles]
         name = f"archs: {wheel.name}"
         if report.missing:
-            gaps = [f"{m.member} bundle {m.bundle} lacks {m.arch}" for m in report.missing]
-            more = f" (+{len(gaps) - 5} more)" if len(gaps) > 5 else ""
-            checks.append(Check("static", name, "fail", "; ".join(gaps[:5]) + more))
+            checks.append(
+                _gaps_check(name, [f"{m.member} bundle {m.bundle} lacks {m.arch}" for m in report.missing])
+            )
         else:
             archs = sorted({a for f in with_code for a in f.archs})
             detail = (
@@ -451,9 +451,11 @@ def installed_coverage_checks(
         with_gpu_code.add(key)
         name = f"archs: {dist['name']}"
         if report.missing:
-            gaps = [f"{Path(m.path).name} bundle {m.bundle} lacks {m.arch}" for m in report.missing]
-            more = f" (+{len(gaps) - 5} more)" if len(gaps) > 5 else ""
-            checks.append(Check("static", name, "fail", "; ".join(gaps[:5]) + more))
+            checks.append(
+                _gaps_check(
+                    name, [f"{Path(m.path).name} bundle {m.bundle} lacks {m.arch}" for m in report.missing]
+                )
+            )
         else:
             archs = " ".join(sorted({a for f in with_code for a in f.archs}))
             cover = f"; all cover {','.join(required)}" if required else ""
@@ -461,6 +463,12 @@ def installed_coverage_checks(
                 Check("static", name, "ok", f"{len(with_code)} shared objects with GPU code ({archs}){cover}")
             )
     return checks, with_gpu_code
+
+
+def _gaps_check(name: str, gaps: list[str]) -> Check:
+    """A failed coverage check naming the first five gaps (a fat binary can lack hundreds)."""
+    more = f" (+{len(gaps) - 5} more)" if len(gaps) > 5 else ""
+    return Check("static", name, "fail", "; ".join(gaps[:5]) + more)
 
 
 def _satisfies(version: str | None, req: Requirement) -> bool:
