@@ -23,6 +23,7 @@ A ``[prebuilt]`` package skips 2-5: its wheel is downloaded instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -596,13 +597,19 @@ def python_version(cfg: Config) -> str:
     """The version of the interpreter the wheels are built for, e.g. ``3.12.3``."""
     if cfg.build.python is None:
         return platform.python_version()
+    return _interpreter_version(cfg.build.python)
+
+
+@functools.lru_cache(maxsize=8)
+def _interpreter_version(python: str) -> str:
+    # Asked for twice per package (its fingerprint and its record): start the interpreter once.
     out = subprocess.run(
-        [_python(cfg), "-c", "import platform; print(platform.python_version())"],
+        [python, "-c", "import platform; print(platform.python_version())"],
         capture_output=True,
         text=True,
     )
     if out.returncode != 0:
-        raise UserError(f"build.python: {cfg.build.python!r} does not run; give a python executable path")
+        raise UserError(f"build.python: {python!r} does not run; give a python executable path")
     return out.stdout.strip()
 
 
