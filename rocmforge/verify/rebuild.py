@@ -113,10 +113,11 @@ def rebuild_config(cfg: Config, record: dict, wheel: Path, fresh: Path) -> Confi
             f"{wheel.name}: was built from a local tree (a path source), which has no pin to rebuild"
         )
     recorded_python = record.get("python")
-    if recorded_python != build.python_version(cfg):
+    python = build.python_version(cfg)
+    if recorded_python != python:
         raise UserError(
             f"{wheel.name}: was built with Python {recorded_python}, this config builds with "
-            f"{build.python_version(cfg)}; set build.python to a {recorded_python} interpreter"
+            f"{python}; set build.python to a {recorded_python} interpreter"
         )
     source = dataclasses.replace(
         pkg.source,
