@@ -136,7 +136,7 @@ class Wheelhouse:
             for name, v in record.items()
         ]
         for path in self._dropped_in(record):
-            result.append(_entry(path, self.root / path.name, file_sha256(path)))
+            result.append(_entry(path, self.root / path.name, _sha256(path)))
         return sorted(result, key=lambda e: (e.project, e.path.name))
 
     def find(self, project: str) -> list[Entry]:
@@ -260,7 +260,7 @@ class Wheelhouse:
             if self.verify(e):
                 result.append(e)
         for path in self._dropped_in(record):
-            result.append(_entry(path, path, file_sha256(path)))
+            result.append(_entry(path, path, _sha256(path)))
         return result
 
     def _switch(
@@ -494,18 +494,25 @@ def _dependencies(path: Path) -> dict[str, str]:
 _hashed: dict[tuple, str] = {}  # (path, inode, size, mtime, ctime) -> sha256, for this process
 
 
+def _sha256(path: Path, st: os.stat_result | None = None) -> str:
+    """``path``'s sha256, hashed once per process while the file is untouched."""
+    st = st or path.stat()
+    # ctime cannot be set back by hand, so a file changed since it was hashed gets a new key.
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _hashed:
+        _hashed[key] = file_sha256(path)
+    return _hashed[key]
+
+
 def _mismatch(path: Path, sha256: str) -> str | None:
     """Why ``path`` is not the wheel whose sha256 was recorded at publish, or None when it is."""
     try:
         st = path.stat()
     except OSError:
         return "missing"
-    # ctime cannot be set back by hand, so a file changed since it was hashed gets a new key.
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key not in _hashed:
-        _hashed[key] = file_sha256(path)
-    if _hashed[key] != sha256:
-        return f"sha256 {_hashed[key][:12]} differs from the {sha256[:12]} recorded when it was published"
+    have = _sha256(path, st)
+    if have != sha256:
+        return f"sha256 {have[:12]} differs from the {sha256[:12]} recorded when it was published"
     return None
 
 
