@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import glob
 import gzip
 import os
@@ -133,6 +134,25 @@ class HostFacts:
         for key in ("groups", "device_groups"):
             values[key] = tuple(values[key])
         return cls(**values)
+
+
+@functools.lru_cache(maxsize=8)
+def interpreter_version(exe: str) -> str | None:
+    """``platform.python_version()`` of the interpreter ``exe``; None when it does not run as one.
+
+    Cached: a build asks for it per package (fingerprint and record). Callers word the error,
+    since only they know which setting named ``exe``.
+    """
+    try:
+        out = subprocess.run(
+            [exe, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def selected_rocm(facts: HostFacts) -> RocmInstall | None:

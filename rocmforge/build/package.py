@@ -23,12 +23,10 @@ A ``[prebuilt]`` package skips 2-5: its wheel is downloaded instead.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -597,20 +595,12 @@ def python_version(cfg: Config) -> str:
     """The version of the interpreter the wheels are built for, e.g. ``3.12.3``."""
     if cfg.build.python is None:
         return platform.python_version()
-    return _interpreter_version(cfg.build.python)
+    from rocmforge import host  # lazily, as elsewhere here: a no-op run should not pay for it
 
-
-@functools.lru_cache(maxsize=8)
-def _interpreter_version(python: str) -> str:
-    # Asked for twice per package (its fingerprint and its record): start the interpreter once.
-    out = subprocess.run(
-        [python, "-c", "import platform; print(platform.python_version())"],
-        capture_output=True,
-        text=True,
-    )
-    if out.returncode != 0:
-        raise UserError(f"build.python: {python!r} does not run; give a python executable path")
-    return out.stdout.strip()
+    version = host.interpreter_version(cfg.build.python)
+    if version is None:
+        raise UserError(f"build.python: {cfg.build.python!r} does not run; give a python executable path")
+    return version
 
 
 def compilers_used(env: Mapping[str, str], facts) -> dict[str, str | None]:

@@ -27,7 +27,6 @@ import glob
 import json
 import os
 import platform
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -392,18 +391,10 @@ def check_node(
 
 
 def _python_version(exe: str) -> str:
-    try:
-        out = subprocess.run(
-            [exe, "-c", "import platform; print(platform.python_version())"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except OSError as exc:
-        raise UserError(f"--python {exe}: cannot run it ({exc.strerror or exc})", exit_code=2) from None
-    if out.returncode != 0 or not out.stdout.strip():
-        raise UserError(f"--python {exe}: not a working Python interpreter", exit_code=2)
-    return out.stdout.strip()
+    version = host.interpreter_version(exe)
+    if version is None:
+        raise UserError(f"--python {exe}: cannot run it as a Python interpreter", exit_code=2)
+    return version
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
