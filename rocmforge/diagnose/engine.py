@@ -669,6 +669,7 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
         has("isolated-no-torch")
         or has("isolation-collects-torch")
         or has("isolated-no-rocm")
+        or has("isolated-module-missing")
         or has("build-requires-hook-failed")
         or "cuda_torch" in facts
         or ("cuda_check_on_rocm" in scores and not rocm_torch)
@@ -694,6 +695,17 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
     if "network_fetch" in scores and has("downloading") and len(reading.hits) > 1:
         # "downloading X" right before an error makes that error the download's.
         scores["network_fetch"] += 2.0
+
+    if "gfx_override" in facts and "arch_unsupported" in scores and scores["arch_unsupported"] < HIGH_SCORE:
+        # A GPU "not supported" in a log that overrides the gfx version is a program running on
+        # a GPU its binaries were not built for (docs: at run time that is arch_mismatch); a rule
+        # for a compiler or library refusing a target (score 8 and more) still wins.
+        move(
+            "arch_unsupported",
+            "arch_mismatch",
+            0.0,
+            "the program runs on a GPU its binaries lack (HSA_OVERRIDE_GFX_VERSION is in play)",
+        )
 
     if "device_permission" in scores and "no_gpu_visible" in scores:
         # "No GPU" is what a runtime that may not open /dev/kfd reports: with a line saying the
@@ -837,7 +849,7 @@ def _has_hits(reading: _Reading, category: str) -> bool:
 
 def _source_of(category: str, reading: _Reading) -> str:
     """For a category that won only by a moved score, the category whose lines show it."""
-    for src in ("cuda_check_on_rocm", "compiler_crash", "arch_not_specified"):
+    for src in ("cuda_check_on_rocm", "compiler_crash", "arch_not_specified", "arch_unsupported"):
         if _has_hits(reading, src):
             return src
     return category
@@ -978,7 +990,7 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
     if category == "arch_mismatch":
         built = f" (this log mentions {', '.join(reading.archs[:4])})" if reading.archs else ""
         return (
-            f"{at}: the binaries have no code object for the GPU that is running{built}. Check the "
+            f"{at}: the binaries have no code object for the GPU that is running{built}{because}. Check the "
             "GPU with `python -m rocmforge arch`, rebuild with that gfx in PYTORCH_ROCM_ARCH "
             "after `rm -rf build/` (stale objects keep the old arch), and check the wheels with "
             "`python -m rocmforge inspect`; HSA_OVERRIDE_GFX_VERSION only papers over it"
