@@ -63,11 +63,20 @@ class Excerpt:
         """Gathered for the second round (``ROUND2_DIR``), split by its own rule."""
         return self.path.parent.name == ROUND2_DIR
 
+    def log(self) -> bytes:
+        """The excerpt without its two header lines: the engine must not read the label or the URL."""
+        return excerpt_log(self.path)
+
     @property
     def thread(self) -> str:
         """``owner/repo#number`` (GitHub), else the URL: the unit the split keeps together."""
         m = _THREAD.match(self.url)
         return f"{m.group(1).lower()}#{m.group(2)}" if m else self.url.rstrip("/").lower()
+
+
+def excerpt_log(path: Path) -> bytes:
+    """A fixture's log lines, without the ``# source:`` / ``# category:`` header."""
+    return path.read_bytes().split(b"\n", 2)[2]
 
 
 def in_test_split(thread: str) -> bool:
@@ -157,12 +166,12 @@ class Report:
 
 
 def score(items: Sequence[Excerpt], classify: Callable[[Path], str] | None = None) -> Report:
-    """Run the classifier (``diagnose_file(path).category`` by default) on each excerpt."""
+    """Run the classifier (the engine on the excerpt's log, by default) on each excerpt."""
     if classify is None:
-        from rocmforge.diagnose.engine import diagnose_file
+        from rocmforge.diagnose.engine import diagnose_text
 
         def classify(path: Path) -> str:
-            return diagnose_file(path).category
+            return diagnose_text(excerpt_log(path).decode("utf-8", "surrogateescape")).category
 
     report = Report()
     for e in items:
@@ -186,7 +195,7 @@ def cross_validate(items: Sequence[Excerpt], k: int) -> tuple[list[Report], list
     """
     from rocmforge.diagnose.engine import TUNING_GRID, decide, read_chunks
 
-    readings = {e.path: read_chunks([e.path.read_bytes()]) for e in items}
+    readings = {e.path: read_chunks([e.log()]) for e in items}
 
     def right(group: Sequence[Excerpt], tuning: object) -> int:
         return sum(decide(readings[e.path], tuning).category == e.category for e in group)
@@ -202,44 +211,63 @@ def cross_validate(items: Sequence[Excerpt], k: int) -> tuple[list[Report], list
     return reports, chosen
 
 
+def word_documents(items: Sequence[Excerpt]) -> list[tuple[str, str, frozenset[str]]]:
+    """``(thread, category, tokens)`` of each excerpt, read as the engine reads a log."""
+    from rocmforge.diagnose.engine import read_chunks, word_features
+
+    return [(e.thread, e.category, word_features(read_chunks([e.log()]))) for e in items]
+
+
+def train_words(items: Sequence[Excerpt]) -> object:
+    """The word model (``rocmforge/diagnose/words.json``) trained on these excerpts."""
+    from rocmforge.diagnose import words
+
+    return words.train(word_documents(items))
+
+
 def rule_support(items: Sequence[Excerpt]) -> dict[str, set[str]]:
     """For each signal, the threads whose excerpt it fires on and whose label it points to."""
     from rocmforge.diagnose.engine import read_chunks
 
     support: dict[str, set[str]] = {}
     for e in items:
-        for name, hits in read_chunks([e.path.read_bytes()]).hits.items():
+        for name, hits in read_chunks([e.log()]).hits.items():
             if hits[0].signal.category == e.category:
                 support.setdefault(name, set()).add(e.thread)
     return support
 
 
-def rule_cross_validate(items: Sequence[Excerpt], k: int) -> tuple[list[Report], list[int]]:
+def rule_cross_validate(
+    items: Sequence[Excerpt], k: int, tuning: object = None
+) -> tuple[list[Report], list[int]]:
     """k-fold cross-validation by thread of the *rules*, not only of the weighing.
 
     The rules were written looking at DEV, so DEV accuracy is in-sample. Here each fold is scored
     with the signals removed whose only support (an excerpt of the same label they fire on) lies
     in that fold: what the engine would say on those threads had nobody written a rule from
     them. Signals with no support on DEV (written from the docs, or from earlier knowledge) stay.
-    Returns each fold's report and how many signals it lost.
+    The word model is trained on the other folds only. Returns each fold's report and how many
+    signals it lost.
     """
     from copy import copy
 
-    from rocmforge.diagnose.engine import decide, read_chunks
+    from rocmforge.diagnose.engine import TUNING, decide, read_chunks
 
     support = rule_support(items)
     reports, dropped = [], []
-    for held in folds(items, k):
+    parts = folds(items, k)
+    for i, held in enumerate(parts):
         threads = {e.thread for e in held}
         gone = {name for name, ts in support.items() if ts <= threads}
         dropped.append(len(gone))
+        model = train_words([e for j, part in enumerate(parts) if j != i for e in part])
 
-        def classify(path: Path, gone: set[str] = gone) -> str:
-            reading = read_chunks([path.read_bytes()])
+        def classify(path: Path, gone: set[str] = gone, model: object = model) -> str:
+            reading = read_chunks([excerpt_log(path)])
             reading = copy(reading)
             reading.hits = {n: h for n, h in reading.hits.items() if n not in gone}
             reading.counts = {n: c for n, c in reading.counts.items() if n not in gone}
-            return decide(reading).category
+            return decide(reading, tuning or TUNING, word_model=model).category
 
         reports.append(score(held, classify))
     return reports, dropped

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import ahocorasick_rs
 
+from rocmforge.diagnose import words
 from rocmforge.errors import UserError
 from rocmforge.fsutil import looks_binary, refuse_special
 
@@ -412,6 +413,11 @@ class _Reading:
     first_shaped: FirstError | None = None
     first_follow_up: tuple[int, str] | None = None
     lines: int = 0
+    # For the word model (diagnose/words.py): the first lines shaped like a fatal error, and the
+    # log's last bytes (where a failed build or run stops), read only if the rules need a
+    # second opinion.
+    fatal_lines: list[tuple[int, str]] = field(default_factory=list, repr=False)
+    tail: bytes = field(default=b"", repr=False)
     seen: dict[str, list[tuple[Signal, dict[str, str]]]] = field(default_factory=dict, repr=False)
 
     def add_hit(self, sig: Signal, number: int, text: str, details: dict[str, str]) -> None:
@@ -481,6 +487,8 @@ class _Reading:
                 if self.first_follow_up is None:
                     self.first_follow_up = (number, text)
                 return
+        if len(self.fatal_lines) < words.FATAL_LINES and _FATAL_AC.find_matches_as_indexes(low.encode()):
+            self.fatal_lines.append((number, text))
         if self.first_shaped is None:
             for rule in RULES.fatal:
                 if any(n in low for n in rule.needles):
@@ -516,7 +524,9 @@ _NEEDLES = tuple(_BY_NEEDLE)
 # The signals' needles alone: which of them a candidate line holds, found in one search.
 _SIGNAL_NEEDLES = ahocorasick_rs.BytesAhoCorasick([n.encode() for n in _NEEDLES])
 # Needles that make a line worth reading whatever has been found so far.
-_ALWAYS = frozenset((*_NEEDLES, *_FOLLOW_UP_NEEDLES, *(n for rule in RULES.fatal for n in rule.needles)))
+_FATAL_NEEDLES = tuple(dict.fromkeys(n for rule in RULES.fatal for n in rule.needles))
+_FATAL_AC = ahocorasick_rs.BytesAhoCorasick([n.encode() for n in _FATAL_NEEDLES])
+_ALWAYS = frozenset((*_NEEDLES, *_FOLLOW_UP_NEEDLES, *_FATAL_NEEDLES))
 
 
 @functools.lru_cache(maxsize=64)
@@ -529,6 +539,7 @@ def _automaton(wanted: frozenset[str]) -> ahocorasick_rs.BytesAhoCorasick:
 
 
 _CHUNK = 1 << 23  # bytes read at once: memory stays flat whatever the log's size
+_TAIL_BYTES = words.TAIL_LINES * 512  # enough for the word model's last lines
 _ANSI_BYTES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 
@@ -567,8 +578,10 @@ def read_chunks(chunks: Iterable[bytes]) -> _Reading:
             continue
         tail = data[end:]
         number = _read_block(reading, data, end, number)
+        reading.tail = (reading.tail + data[max(0, end - _TAIL_BYTES) : end])[-_TAIL_BYTES:]
     if tail:
         number = _read_block(reading, tail + b"\n", len(tail) + 1, number)
+        reading.tail = (reading.tail + tail + b"\n")[-_TAIL_BYTES:]
     reading.lines = number
     return reading
 
@@ -758,6 +771,11 @@ class Tuning:
     at_first_error: float = 0.0
     same_family: float = 0.0
     window: int = 3
+    # The word model (diagnose/words.py) names the cause of a log the rules leave unknown when
+    # its posterior reaches ``words_min``, and replaces a guess from the first fatal error's shape
+    # alone when it names another cause with ``words_override`` (above 1: never).
+    words_min: float = 0.9
+    words_override: float = 0.9
 
 
 TUNING = Tuning()
@@ -772,8 +790,76 @@ TUNING_GRID = tuple(
 )
 
 
-def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
-    """The cause (and a second one, if the log shows two) from what :func:`read_chunks` found."""
+@functools.lru_cache(maxsize=1)
+def shipped_words() -> words.WordModel:
+    """The word model shipped next to the rules (checked when loaded)."""
+    return words.load()
+
+
+def word_lines(reading: _Reading) -> list[tuple[int, str]]:
+    """What the word model reads: the first fatal-looking lines and the log's last lines."""
+    raw = reading.tail.split(b"\n")
+    if raw and raw[-1] == b"":
+        raw.pop()
+    if len(reading.tail) >= _TAIL_BYTES:
+        raw = raw[1:]  # the first line may be cut
+    raw = raw[-words.TAIL_LINES :]
+    first = reading.lines - len(raw) + 1
+    tail = [(first + i, clean(line)) for i, line in enumerate(raw)]
+    numbers = {n for n, _ in tail}
+    return [(n, t) for n, t in reading.fatal_lines if n not in numbers] + tail
+
+
+def word_features(reading: _Reading) -> frozenset[str]:
+    """What the word model weighs: the words of :func:`word_lines`, and what the rules saw.
+
+    Besides the words, the names of the signals that fired (``sig:...``) and the categories they
+    point to (``cat:...``), and the first fatal error's family and shape (``fam:...``,
+    ``shape:...``): the model learns from the corpus how far each goes, including signals too weak
+    to name a cause alone.
+    """
+    out = set(words.tokens(t for _, t in word_lines(reading)))
+    for name, hits in reading.hits.items():
+        out.update((f"sig:{name}", f"cat:{hits[0].signal.category}"))
+    if reading.first_error is not None:
+        out.add(f"fam:{reading.first_error.family}")
+    if reading.first_shaped is not None:
+        out.add(f"shape:{reading.first_shaped.fallback}")
+    return frozenset(out)
+
+
+def _words_opinion(reading: _Reading, model: words.WordModel) -> tuple[str, float, list[_Hit]] | None:
+    """The word model's likeliest cause, its probability and the lines that speak for it."""
+    lines = word_lines(reading)
+    features = word_features(reading)
+    ranked = model.rank(features)
+    if not ranked or ranked[0][0] not in CATEGORIES:
+        return None
+    category, p = ranked[0]
+    telling = [t for t in model.telling(features, category) if ":" not in t][:8]
+    sig = Signal("words", (), category, 0.0, _NOTHING)
+    scored = []
+    for number, text in lines:
+        toks = words.tokens([text])
+        n = sum(t in toks for t in telling)
+        if n:
+            scored.append((-n, number, text))
+    hits = [_Hit(sig, number, text, {}) for _, number, text in sorted(scored)[:MAX_EVIDENCE]]
+    if not hits:  # no single line holds a telling word: point at where the log failed
+        where = reading.first_error
+        number, text = (where.line, where.text) if where is not None else lines[-1]
+        hits = [_Hit(sig, number, text, {})]
+    hits.sort(key=lambda h: h.line)
+    return category, p, hits
+
+
+def decide(
+    reading: _Reading, tuning: Tuning = TUNING, *, word_model: words.WordModel | None = None
+) -> Diagnosis:
+    """The cause (and a second one, if the log shows two) from what :func:`read_chunks` found.
+
+    ``word_model`` replaces the shipped word model (cross-validation trains its own).
+    """
     scores = _scores(reading)
     why = _reconsider(scores, reading)
     first = reading.first_error
@@ -802,6 +888,17 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
         )
         fallback = [_Hit(sig, shaped.line, shaped.text, {})]
         confidence = "low"
+    said_by_words = ""
+    if not ranked or confidence == "low":
+        # The rules found no cause of their own: ask what the words of the log say.
+        opinion = _words_opinion(reading, word_model or shipped_words())
+        if opinion is not None and opinion[0] != "unknown":
+            cat, p, word_hits = opinion
+            if (not ranked and p >= tuning.words_min) or (
+                ranked and cat != ranked[0] and p >= tuning.words_override
+            ):
+                ranked, fallback, confidence = [cat], word_hits, "low"
+                said_by_words = f"{p:.0%}"
     if not ranked:
         return _unknown(reading)
     category = ranked[0]
@@ -823,7 +920,20 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
         # or no permission to open it): name it second, on the same evidence.
         secondary = Cause(also, _hint(also, hits, reading, None), _evidence(hits))
     hint = _hint(category, hits, reading, why.get(category))
-    if confidence == "low" and shaped is not None:
+    if said_by_words:
+        # Named from the words of the log alone: say so, with the words, and keep the next step
+        # of the first fatal error's family for when the guess is wrong.
+        told = ", ".join(model_words(reading, category, word_model))
+        step = (
+            RULES.next_steps[first.family].format(line=first.line)
+            if first is not None
+            else "read the lines above the evidence"
+        )
+        hint = (
+            f"most likely {category}, from the words of the log alone ({told}; {said_by_words}): "
+            f"{hint}. If not: {step}"
+        )
+    elif confidence == "low" and shaped is not None:
         # Named from the shape of a fatal error alone: say so, and keep the family's next step
         # for when the guess is wrong.
         step = RULES.next_steps[shaped.family].format(line=shaped.line)
@@ -837,6 +947,12 @@ def decide(reading: _Reading, tuning: Tuning = TUNING) -> Diagnosis:
         secondary,
         confidence,
     )
+
+
+def model_words(reading: _Reading, category: str, word_model: words.WordModel | None = None) -> list[str]:
+    """The few words of the log that speak most for ``category`` in the word model."""
+    model = word_model or shipped_words()
+    return [t for t in model.telling(word_features(reading), category) if ":" not in t][:4]
 
 
 def _evidence(hits: list[_Hit]) -> tuple[Evidence, ...]:
