@@ -320,8 +320,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--blind",
+        action="append",
         metavar="DIR",
-        help="score the blind directory DIR (named in tests/data/diagnose/BLIND) once (aggregate only)",
+        help="score the blind directory DIR (named in tests/data/diagnose/BLIND) once (aggregate only); "
+        "given several times, each and all of them together",
     )
     parser.add_argument(
         "--report", action="store_true", help="with --test/--newtest/--blind: the full report too"
@@ -342,12 +344,18 @@ def main() -> None:
     args = parser.parse_args()
     exclude = frozenset(args.exclude)
     if args.blind:
-        if args.blind not in blind_dirs():
-            sys.exit(f"--blind {args.blind}: not listed in {BLIND_FILE}; name a directory listed there")
-        items = corpus(only=args.blind)
-        if not items:
-            sys.exit(f"--blind {args.blind}: no excerpts in {FIXTURES / args.blind}")
-        print_report(f"blind {args.blind}", score(items), details=args.report)
+        sets = {}
+        for name in args.blind:
+            if name not in blind_dirs():
+                sys.exit(f"--blind {name}: not listed in {BLIND_FILE}; name a directory listed there")
+            sets[name] = corpus(only=name)
+            if not sets[name]:
+                sys.exit(f"--blind {name}: no excerpts in {FIXTURES / name}")
+        for name, items in sets.items():
+            print_report(f"blind {name}", score(items), details=False)
+        if len(sets) > 1 or args.report:
+            together = [e for items in sets.values() for e in items]
+            print_report(f"blind {' + '.join(sets)}", score(together), details=args.report)
         return
     if args.stats:
         items = corpus(exclude=exclude)
