@@ -510,7 +510,8 @@ class _Reading:
                 tried.add(sig.name)
                 m = sig.pattern.search(core)
                 if m is not None and not (sig.unless and sig.unless.search(core)):
-                    details = {k.rstrip("2"): v for k, v in m.groupdict().items() if v}
+                    # "lib2", "version3": the same detail named in another alternative.
+                    details = {k.rstrip("0123456789"): v for k, v in m.groupdict().items() if v}
                     found.append((sig, details))
                     self.add_hit(sig, number, text, details)
 
