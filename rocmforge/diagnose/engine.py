@@ -1120,6 +1120,13 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
                 f"{at}: {have} is newer than these CUDA/HIP headers accept (GCC up to {version}); "
                 f"point CC/CXX (or nvcc -ccbin) at a GCC <= {version}, or use a newer toolkit"
             )
+        if "host-compiler-hip-option" in names:
+            return (
+                f"{at}: {prog or 'a host C/C++ compiler'} was given HIP options it does not know: the "
+                "HIP sources went to the wrong compiler. Compile them with ROCm's clang++ or hipcc "
+                "(CMAKE_HIP_COMPILER / CMAKE_CXX_COMPILER, or CXX=/opt/rocm/bin/hipcc for a plain "
+                "Makefile), and clear the build directory so CMake forgets the compiler it chose"
+            )
         header = _detail(hits, "header")
         if "std-header-missing" in names and header:
             return (
