@@ -353,7 +353,6 @@ def test_a_compile_error_no_rule_knows_is_named_from_its_first_fatal_error(tmp_p
     assert (quiet.category, quiet.confidence) == ("unknown", "none")
 
 
-
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
 def test_a_host_compiler_given_hip_options_is_the_wrong_compiler(tmp_path):
     # A build that hands HIP sources to g++: the real g++ refuses --offload-arch, and the answer
@@ -364,6 +363,7 @@ def test_a_host_compiler_given_hip_options_is_the_wrong_compiler(tmp_path):
     assert (d.category, d.confidence) == ("compiler_version", "high"), out
     assert d.first_error.family == "compiler" and "--offload-arch=gfx942" in d.first_error.text
     assert "g++ was given HIP options" in d.hint and "hipcc" in d.hint
+
 
 def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_fires():
     # git's words for a clone whose repository went away: no signal knows them, the network
