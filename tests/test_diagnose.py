@@ -365,6 +365,21 @@ def test_a_host_compiler_given_hip_options_is_the_wrong_compiler(tmp_path):
     assert "g++ was given HIP options" in d.hint and "hipcc" in d.hint
 
 
+def test_a_library_missing_from_a_link_names_the_library_or_the_symbol_it_must_provide():
+    # MSVC's linker names a .lib (no -l, no lib prefix); lld names the symbol a shared library
+    # needs from a library missing on the line: the hint says what to add, never "libthe library".
+    msvc = diagnose_text("LINK : fatal error LNK1181: cannot open input file 'amdhip64.lib'\n")
+    assert (msvc.category, msvc.first_error.family) == ("missing_library_link", "linker")
+    assert "cannot find amdhip64.lib" in msvc.hint and "LIBPATH" in msvc.hint
+    lld = diagnose_text(
+        "ld.lld: error: undefined reference due to --no-allow-shlib-undefined: rocblas_initialize\n"
+        ">>> referenced by ../src/.libs/libstarpu-1.4.so\n"
+    )
+    assert lld.category == "missing_library_link"
+    assert "needs rocblas_initialize" in lld.hint and "-lrocblas" in lld.hint
+    assert "libthe" not in lld.hint
+
+
 def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_fires():
     # git's words for a clone whose repository went away: no signal knows them, the network
     # shape of the first fatal error does; a compiler error's shape names no cause by itself.

@@ -1183,7 +1183,25 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             "libraries come from the same ROCm when several are installed"
         )
     if category == "missing_library_link":
-        name = (lib or "the library").rsplit("/", 1)[-1]
+        if lib is None and symbol and any(h.signal.name == "shlib-undefined" for h in hits):
+            owner = re.match(r"[a-z]+(?=_)", symbol)
+            which = f" (-l{owner.group()} for {owner.group()}_*?)" if owner else ""
+            return (
+                f"{at}: a shared library on the link line needs {symbol}, which no library on the "
+                f"line defines: add the library that does{which} after it, from the same {rocm}"
+            )
+        if lib is None:
+            return (
+                f"{at}: the linker cannot find a library it was told to use. Install the package "
+                f"that ships it ({rocm}'s -dev packages for ROCm libraries) and add its directory "
+                "with -L (e.g. -L/opt/rocm/lib) or LIBRARY_PATH"
+            )
+        name = lib.replace("\\", "/").rsplit("/", 1)[-1]
+        if name.lower().endswith(".lib"):  # MSVC / lld-link on Windows
+            return (
+                f"{at}: the linker cannot find {name}. Install the HIP SDK component that ships it "
+                "and add its directory to LIB or the link line (/LIBPATH:, e.g. %HIP_PATH%\\lib)"
+            )
         stem = re.sub(r"^lib|\.(?:so|a)\b.*$", "", name)
         return (
             f"{at}: the linker cannot find lib{stem}. Install the package that ships it "
@@ -1207,7 +1225,7 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
                 "objects disagree on _GLIBCXX_USE_CXX11_ABI; build everything with the value torch "
                 "uses (python -c 'import torch; print(torch._C._GLIBCXX_USE_CXX11_ABI)')"
             )
-        elif "hip-fatbin" in names:
+        elif "hip-fatbin" in names or "no-device-code" in names:
             fix = (
                 "device code compiled with -fgpu-rdc must be linked by hipcc/clang with -fgpu-rdc --hip-link"
             )
