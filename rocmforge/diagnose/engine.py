@@ -710,10 +710,18 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
         # "downloading X" right before an error makes that error the download's.
         scores["network_fetch"] += 2.0
 
-    if "gfx_override" in facts and "arch_unsupported" in scores and scores["arch_unsupported"] < HIGH_SCORE:
+    first = reading.first_error
+    compiling = first is not None and first.family in ("compiler", "cmake", "linker")
+    if (
+        "gfx_override" in facts
+        and "arch_unsupported" in scores
+        and scores["arch_unsupported"] < HIGH_SCORE
+        and not compiling
+    ):
         # A GPU "not supported" in a log that overrides the gfx version is a program running on
         # a GPU its binaries were not built for (docs: at run time that is arch_mismatch); a rule
-        # for a compiler or library refusing a target (score 8 and more) still wins.
+        # for a compiler or library refusing a target (score 8 and more) still wins, and so does
+        # a build that failed compiling (build time: arch_unsupported).
         move(
             "arch_unsupported",
             "arch_mismatch",
