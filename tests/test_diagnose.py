@@ -380,6 +380,25 @@ def test_a_library_missing_from_a_link_names_the_library_or_the_symbol_it_must_p
     assert "libthe" not in lld.hint
 
 
+def test_a_gpu_not_supported_under_hsa_override_is_a_runtime_arch_mismatch_not_a_build_one():
+    # docs/diagnose.md's boundary: at run time (override workarounds included) a GPU the binaries
+    # lack is arch_mismatch; at build time a target the compiler refuses is arch_unsupported.
+    run = (
+        'level=INFO msg="skipping rocm gfx compatibility check" HSA_OVERRIDE_GFX_VERSION=11.0.0\n'
+        'level=WARN msg="amdgpu is not supported" gpu=0 gpu_type=gfx1031 supported_types=[gfx1100]\n'
+        'level=INFO msg="no compatible GPUs were discovered"\n'
+    )
+    d = diagnose_text(run)
+    assert d.category == "arch_mismatch" and "HSA_OVERRIDE_GFX_VERSION" in d.hint
+    assert d.evidence and "amdgpu is not supported" in d.evidence[0].text
+    build = (
+        "export HSA_OVERRIDE_GFX_VERSION=11.0.0\n"
+        "/src/k.hip:3:1: error: instruction not supported on this GPU\n"
+    )
+    assert diagnose_text(build).category == "arch_unsupported"
+    assert diagnose_text(run.replace("HSA_OVERRIDE_GFX_VERSION=11.0.0", "")).category == "arch_unsupported"
+
+
 def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_fires():
     # git's words for a clone whose repository went away: no signal knows them, the network
     # shape of the first fatal error does; a compiler error's shape names no cause by itself.
