@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from rocmforge.config import parse_config
+from rocmforge.diagnose import words
 from rocmforge.diagnose.engine import (
     CATEGORIES,
     RETRYABLE,
@@ -26,9 +27,12 @@ from rocmforge.diagnose.engine import (
     SIGNALS,
     Diagnosis,
     body,
+    decide,
     diagnose_file,
     diagnose_text,
+    read_chunks,
     retry_plan,
+    word_features,
 )
 from rocmforge.errors import UserError
 
@@ -414,6 +418,52 @@ def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_
     assert d.evidence[0].line == 2 and "from the fatal error at line 2 alone (loader)" in d.hint
     # The compiler driver refusing before any source is compiled has many causes: no guess.
     assert diagnose_text("clang-14: error: unable to execute command: ld.lld\n").category == "unknown"
+
+
+@pytest.mark.skipif(not shutil.which("cmake"), reason="needs cmake")
+@pytest.mark.parametrize(("package", "category"), [("rfnopkg", "unknown"), ("hip", "cmake_hip_not_found")])
+def test_cmake_missing_a_package_is_a_rocm_cause_only_for_a_rocm_package(tmp_path, package, category):
+    # The real CMake's words under its "CMake Error at": a ROCm package not found is
+    # cmake_hip_not_found; any other package lies outside every category, so neither the CMake
+    # shape's fallback nor the word model may name a ROCm cause for it.
+    (tmp_path / "CMakeLists.txt").write_text(
+        f"cmake_minimum_required(VERSION 3.16)\nproject(x NONE)\nfind_package({package} CONFIG REQUIRED)\n"
+    )
+    out = _run(["cmake", "-S", ".", "-B", "build"], cwd=tmp_path)
+    d = diagnose_text(out)
+    assert d.category == category, out
+    assert d.first_error.family == "cmake" and d.first_error.text.startswith("CMake Error at")
+    if category == "unknown":
+        assert d.hint.startswith("a failure outside the known build causes: CMake could not use a package")
+        assert [e.line for e in d.evidence] == [d.first_error.line, d.first_error.line + 1]
+
+
+def test_a_first_fatal_error_outside_every_category_is_unknown_whatever_comes_after():
+    # A full disk makes every later step fail too (here a CMake error, whose shape alone would
+    # guess cmake_hip_not_found): the answer is unknown, with the disk's next step, and the words
+    # of the log are not asked for a cause.
+    log = (
+        "/tmp/k.cu.stub.c:1046:27: fatal error: error writing to /tmp/cc2m.s: No space left on device\n"
+        "compilation terminated.\n"
+        "CMake Error at THC_generated_THCTensorTopK.cu.o.cmake:267 (message):\n"
+        "  Error generating file\n"
+    )
+    d = diagnose_text(log)
+    assert (d.category, d.confidence, d.first_error.line) == ("unknown", "none", 1)
+    assert "the disk filled up at line 1" in d.hint and "df -h" in d.hint
+    features = word_features(read_chunks([log.encode()]))
+    model = words.train([("t#1", "cmake_hip_not_found", features), ("t#2", "cmake_hip_not_found", features)])
+    assert model.rank(features)[0] == ("cmake_hip_not_found", 1.0)  # the words alone would say so
+    assert decide(read_chunks([log.encode()]), word_model=model).category == "unknown"
+    # A rule for the very phenomenon still names its cause (a later run without a code object).
+    later = "OSError: [Errno 28] No space left on device\nHIP error: invalid device function\n"
+    assert diagnose_text(later).category == "arch_mismatch"
+    # A warning made an error by -Werror and a GPU memory fault are outside too.
+    werror = diagnose_text("/src/a.cc:30:41: error: unused variable 'c' [-Werror=unused-variable]\n")
+    assert (werror.category, werror.first_error.family) == ("unknown", "compiler")
+    assert "-Wno-error" in werror.hint
+    fault = diagnose_text("Memory access fault by GPU node-1 (Agent handle: 0x1) on address (nil).\n")
+    assert fault.category == "unknown" and "AMD_SERIALIZE_KERNEL=3" in fault.hint
 
 
 def test_runtime_wordings_are_read_whatever_their_case_and_name_the_likely_second_cause():

@@ -216,6 +216,13 @@ class LineRule:
     fallback: str = ""  # fatal rules only: the cause this shape alone shows, if any
     also: str = ""  # fatal rules only: the cause that often shows the same way as the fallback
     examples: tuple[str, ...] = ()  # every line it must match: ``example`` and other wordings
+    # fatal rules only: the failure this shape shows lies outside every category (a full disk);
+    # as the first fatal error (or the message under it) it leaves the log ``unknown`` with this
+    # next step ({line} filled in), whatever a later error's shape or the words would guess.
+    outside: str = ""
+    # fatal rules only: a line that is not fatal by itself, read only under a first fatal error of
+    # this family (CMake's message under its "CMake Error at ...:" line).
+    under: str = ""
 
 
 @dataclass(frozen=True)
@@ -237,7 +244,8 @@ class Rules:
 
 _MACRO = re.compile(r"<<(\w+)>>")
 _SIGNAL_KEYS = {"name", "category", "weight", "needles", "pattern", "unless", "family", "example", "also"}
-_LINE_RULE_KEYS = {"name", "family", "needles", "pattern", "unless", "example", "fallback", "also"}
+_FATAL_ONLY = {"family", "fallback", "also", "outside", "under"}
+_LINE_RULE_KEYS = {"name", "needles", "pattern", "unless", "example"} | _FATAL_ONLY
 
 
 def load_rules(path: Path = RULES_FILE) -> Rules:
@@ -300,7 +308,7 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
         for spec in data[kind]:
             name = spec.get("name", "?")
             required = {"name", "needles", "pattern", "example"} | ({"family"} if with_family else set())
-            allowed = _LINE_RULE_KEYS if with_family else _LINE_RULE_KEYS - {"family", "fallback", "also"}
+            allowed = _LINE_RULE_KEYS if with_family else _LINE_RULE_KEYS - _FATAL_ONLY
             if set(spec) - allowed or not required <= set(spec):
                 raise ValueError(f"{path}: {kind} {name}: keys {sorted(spec)}; allowed {sorted(allowed)}")
             if with_family and spec["family"] not in family_names:
@@ -310,6 +318,10 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
             for key in ("fallback", "also"):
                 if spec.get(key, "") not in ("", *categories):
                     raise ValueError(f"{path}: {kind} {name}: unknown {key} {spec[key]!r}")
+            if "outside" in spec and (spec.get("fallback") or not isinstance(spec["outside"], str)):
+                raise ValueError(f"{path}: {kind} {name}: `outside` is a next step, and excludes a fallback")
+            if "under" in spec and (spec["under"] not in family_names or "outside" not in spec):
+                raise ValueError(f"{path}: {kind} {name}: `under` names a family, with `outside`")
             out.append(
                 LineRule(
                     name,
@@ -321,6 +333,8 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
                     spec.get("fallback", ""),
                     spec.get("also", ""),
                     examples(spec),
+                    spec.get("outside", ""),
+                    spec.get("under", ""),
                 )
             )
         return tuple(out)
@@ -379,6 +393,9 @@ _JOBS_NEEDLES = ("max_jobs=", "cmake --build", "ninja ")
 _ARCH = re.compile(r"\bgfx(?:\d{3,4}|9[0-4][0-9a-c]|90[ac])[a-z0-9]*\b")
 _ARCH_LINES = 64  # lines naming a gfx target that are read for the list of targets
 _SEEN_LINES = 4096  # distinct candidate lines remembered, so that repeats only count again
+# Lines after the first fatal error that are read for a shape outside every category: CMake prints
+# its message under "CMake Error at ...:" (the package that was not found, the missing compiler).
+_UNDER_FIRST = 8
 
 
 def _search(text: str, low: str, needles: tuple[str, ...], pattern: re.Pattern[str]) -> re.Match[str] | None:
@@ -411,6 +428,10 @@ class _Reading:
     # The first fatal error whose shape has a likely cause (a fallback): the first fatal error
     # itself, or a later one when the first is a generic "error:" (pip's "ERROR: Exception:").
     first_shaped: FirstError | None = None
+    # The first fatal error, or a line of the message under it, when its shape shows a failure
+    # outside every category (a full disk), and that shape's next step.
+    outside: FirstError | None = None
+    outside_step: str = ""
     first_follow_up: tuple[int, str] | None = None
     lines: int = 0
     # For the word model (diagnose/words.py): the first lines shaped like a fatal error, and the
@@ -489,15 +510,21 @@ class _Reading:
                 return
         if len(self.fatal_lines) < words.FATAL_LINES and _FATAL_AC.find_matches_as_indexes(low.encode()):
             self.fatal_lines.append((number, text))
-        if self.first_shaped is None:
+        first = self.first_error
+        under_first = first is not None and self.outside is None and number - first.line <= _UNDER_FIRST
+        if self.first_shaped is None or under_first:
             for rule in RULES.fatal:
+                if rule.under and not (under_first and first.family == rule.under):
+                    continue  # a message line, read only under its family's first fatal error
                 if any(n in low for n in rule.needles):
                     core = body(text) if core is None else core
                     if rule.pattern.search(core) and not (rule.unless and rule.unless.search(core)):
                         found_error = FirstError(number, text, rule.family, rule.fallback, rule.also)
-                        if self.first_error is None:
+                        if first is None:
                             self.first_error = found_error
-                        if rule.fallback:
+                        if rule.outside and (first is None or under_first):
+                            self.outside, self.outside_step = found_error, rule.outside
+                        if rule.fallback and self.first_shaped is None:
                             self.first_shaped = found_error
                         break
         tried: set[str] = set()
@@ -888,7 +915,10 @@ def decide(
     # The first fatal error whose shape has a likely cause: the first one, or a later one when
     # the first says nothing of its cause (a generic "error:").
     shaped = reading.first_shaped
-    if not ranked and shaped is not None:
+    # A first fatal error outside every category (a full disk) is the answer unless a rule
+    # names a cause: no later error's shape and no word model guesses over it.
+    outside = reading.outside is not None
+    if not ranked and shaped is not None and not outside:
         # No signal is strong enough, but the fatal error's shape and family name the most
         # likely cause (diagnose/rules.toml gives, per shape, how often it was right).
         ranked = [shaped.fallback]
@@ -898,7 +928,7 @@ def decide(
         fallback = [_Hit(sig, shaped.line, shaped.text, {})]
         confidence = "low"
     said_by_words = ""
-    if not ranked or confidence == "low":
+    if (not ranked or confidence == "low") and not outside:
         # The rules found no cause of their own: ask what the words of the log say.
         opinion = _words_opinion(reading, word_model or shipped_words())
         if opinion is not None and opinion[0] != "unknown":
@@ -1005,6 +1035,15 @@ def _unknown(reading: _Reading) -> Diagnosis:
             "no known build or run failure recognised and no error line in the log; "
             "give the full log of the step that failed",
         )
+    outside = reading.outside
+    if outside is not None:
+        # The failure is one no category covers (a full disk, a GPU memory fault): say so, with
+        # the next step for that failure and its line (the message under the first fatal error).
+        hint = f"a failure outside the known build causes: {reading.outside_step.format(line=outside.line)}"
+        lines = dict.fromkeys((first.line, outside.line))
+        text = {first.line: first.text, outside.line: outside.text}
+        evidence = tuple(Evidence(n, text[n].strip()[:300]) for n in lines)
+        return Diagnosis("unknown", hint, evidence, reading.first_error)
     step = RULES.next_steps[first.family].format(line=first.line)
     hint = f"no known cause recognised; {step}"
     return Diagnosis("unknown", hint, (Evidence(first.line, first.text.strip()[:300]),), reading.first_error)
