@@ -458,6 +458,9 @@ def test_a_first_fatal_error_outside_every_category_is_unknown_whatever_comes_af
     # A rule for the very phenomenon still names its cause (a later run without a code object).
     later = "OSError: [Errno 28] No space left on device\nHIP error: invalid device function\n"
     assert diagnose_text(later).category == "arch_mismatch"
+    # Only the first fatal error decides: a full disk after a failed import changes nothing.
+    after = "ImportError: libf.so: cannot open shared object file\nOSError: No space left on device\n"
+    assert diagnose_text(after).category == "missing_library_runtime"
     # A warning made an error by -Werror and a GPU memory fault are outside too.
     werror = diagnose_text("/src/a.cc:30:41: error: unused variable 'c' [-Werror=unused-variable]\n")
     assert (werror.category, werror.first_error.family) == ("unknown", "compiler")

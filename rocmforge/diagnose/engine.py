@@ -522,7 +522,7 @@ class _Reading:
                         found_error = FirstError(number, text, rule.family, rule.fallback, rule.also)
                         if first is None:
                             self.first_error = found_error
-                        if rule.outside and (first is None or under_first):
+                        if rule.outside and (first is None or rule.under):
                             self.outside, self.outside_step = found_error, rule.outside
                         if rule.fallback and self.first_shaped is None:
                             self.first_shaped = found_error
