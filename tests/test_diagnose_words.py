@@ -25,6 +25,14 @@ def test_tokens_fold_digits_keep_neighbours_and_drop_filler():
     assert words.tokens(["Killed"] * 3) == words.tokens(["Killed"]) == frozenset({"killed"})
 
 
+def test_tokens_leave_out_the_user_name_of_a_home_directory():
+    # Who filed a thread is no evidence of its cause (one user's two threads would teach the model
+    # their label): /home/NAME, /Users/NAME and C:\\Users\\NAME lose the name, keep the rest.
+    toks = words.tokens(["/home/loong/xformers/csrc/a.hip C:\\Users\\Afraa\\sd\\venv /Users/bob/lib"])
+    assert not {"loong", "afraa", "bob"} & toks
+    assert {"home", "xformers", "csrc", "hip", "users", "venv", "lib"} <= toks
+
+
 def test_shipped_model_is_what_the_corpus_trains():
     # The model is data derived from tests/data/diagnose (blind sets excluded): a rule or fixture
     # change that moves it must come with a retrained words.json.

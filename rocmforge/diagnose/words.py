@@ -41,6 +41,9 @@ TAIL_LINES = 200  # the last lines of a log: where a failed build or run stops
 FATAL_LINES = 64  # lines that look like a fatal error, from the start of the log
 _MAX_LINE = 400  # characters of a line that are read (command lines are mostly flags)
 _TOKEN = re.compile(r"[a-z0-9_]+")
+# A user's name in a home directory (/home/NAME, /Users/NAME, C:\\Users\\NAME) says who filed the
+# thread, not what failed: the same person's two threads would teach the model their label.
+_HOME = re.compile(r"([/\\\\](?:home|users)[/\\\\])[^/\\\\\s]+")
 _DIGITS = re.compile(r"[0-9]+")
 # Words that say nothing of a cause, however often they appear.
 _STOP = frozenset(
@@ -54,7 +57,7 @@ def tokens(lines: Iterable[str]) -> frozenset[str]:
     out: set[str] = set()
     for line in lines:
         words = []
-        for raw in _TOKEN.findall(line[:_MAX_LINE].lower()):
+        for raw in _TOKEN.findall(_HOME.sub(r"\1", line[:_MAX_LINE].lower())):
             word = _DIGITS.sub("#", raw)
             if len(word) < 2 or len(word) > 32 or word.count("#") > 2 or word in _STOP:
                 continue
