@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
+import signal
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -313,6 +314,7 @@ def _print_folds(kind: str, reports: Sequence[Report], labels: Sequence[str]) ->
 
 
 def main() -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends quietly
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--test", action="store_true", help="score the TEST split (aggregate only)")
     parser.add_argument(
