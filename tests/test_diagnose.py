@@ -160,9 +160,10 @@ def test_reading_in_blocks_of_any_size_reads_the_same_lines():
 def test_dev_split_accuracy_stays_at_the_reported_level():
     # A floor just under what docs/diagnose.md reports for the DEV split, so a change that loses
     # ground fails here. The TEST split is deliberately not asserted: it is scored once, by hand.
+    # Round 7's blind sets joined DEV untuned (93.9 % of 458), which moved the floor from 95 %.
     report = score(split("dev"))
-    assert report.total >= 170
-    assert report.accuracy >= 0.95, report.misses
+    assert report.total >= 450
+    assert report.accuracy >= 0.93, report.misses
     assert report.unknown_rate <= 0.10
 
 
