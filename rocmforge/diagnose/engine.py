@@ -846,15 +846,15 @@ def word_lines(reading: _Reading) -> list[tuple[int, str]]:
     return [(n, t) for n, t in reading.fatal_lines if n not in numbers] + tail
 
 
-def word_features(reading: _Reading) -> frozenset[str]:
+def word_features(reading: _Reading, lines: list[tuple[int, str]] | None = None) -> frozenset[str]:
     """What the word model weighs: the words of :func:`word_lines`, and what the rules saw.
 
     Besides the words, the names of the signals that fired (``sig:...``) and the categories they
     point to (``cat:...``), and the first fatal error's family and shape (``fam:...``,
     ``shape:...``): the model learns from the corpus how far each goes, including signals too weak
-    to name a cause alone.
+    to name a cause alone. ``lines``: :func:`word_lines` of this reading, when already made.
     """
-    out = set(words.tokens(t for _, t in word_lines(reading)))
+    out = set(words.tokens(t for _, t in (word_lines(reading) if lines is None else lines)))
     for name, hits in reading.hits.items():
         out.update((f"sig:{name}", f"cat:{hits[0].signal.category}"))
     if reading.first_error is not None:
@@ -864,10 +864,20 @@ def word_features(reading: _Reading) -> frozenset[str]:
     return frozenset(out)
 
 
-def _words_opinion(reading: _Reading, model: words.WordModel) -> tuple[str, float, list[_Hit]] | None:
-    """The word model's likeliest cause, its probability and the lines that speak for it."""
+@dataclass(frozen=True)
+class _Opinion:
+    """The word model's likeliest cause, its probability, its words and the lines holding them."""
+
+    category: str
+    p: float
+    telling: list[str]  # the log's words that speak most for the category, best first
+    hits: list[_Hit]
+
+
+def _words_opinion(reading: _Reading, model: words.WordModel) -> _Opinion | None:
+    """What the word model says of this log, or None when it knows none of its words."""
     lines = word_lines(reading)
-    features = word_features(reading)
+    features = word_features(reading, lines)
     ranked = model.rank(features)
     if not ranked or ranked[0][0] not in CATEGORIES:
         return None
@@ -886,7 +896,7 @@ def _words_opinion(reading: _Reading, model: words.WordModel) -> tuple[str, floa
         number, text = (where.line, where.text) if where is not None else lines[-1]
         hits = [_Hit(sig, number, text, {})]
     hits.sort(key=lambda h: h.line)
-    return category, p, hits
+    return _Opinion(category, p, telling, hits)
 
 
 def decide(
@@ -927,17 +937,15 @@ def decide(
         )
         fallback = [_Hit(sig, shaped.line, shaped.text, {})]
         confidence = "low"
-    said_by_words = ""
+    said_by_words: _Opinion | None = None
     if (not ranked or confidence == "low") and not outside:
         # The rules found no cause of their own: ask what the words of the log say.
         opinion = _words_opinion(reading, word_model or shipped_words())
-        if opinion is not None and opinion[0] != "unknown":
-            cat, p, word_hits = opinion
-            if (not ranked and p >= tuning.words_min) or (
-                ranked and cat != ranked[0] and p >= tuning.words_override
-            ):
-                ranked, fallback, confidence = [cat], word_hits, "low"
-                said_by_words = f"{p:.0%}"
+        # Over a shape's guess it must name another cause, with its own threshold.
+        needed = tuning.words_override if ranked else tuning.words_min
+        if opinion is not None and opinion.category not in ("unknown", *ranked) and opinion.p >= needed:
+            ranked, fallback, confidence = [opinion.category], opinion.hits, "low"
+            said_by_words = opinion
     if not ranked:
         return _unknown(reading)
     category = ranked[0]
@@ -962,14 +970,14 @@ def decide(
     if said_by_words:
         # Named from the words of the log alone: say so, with the words, and keep the next step
         # of the first fatal error's family for when the guess is wrong.
-        told = ", ".join(model_words(reading, category, word_model))
+        told = ", ".join(said_by_words.telling[:4])
         step = (
             RULES.next_steps[first.family].format(line=first.line)
             if first is not None
             else "read the lines above the evidence"
         )
         hint = (
-            f"most likely {category}, from the words of the log alone ({told}; {said_by_words}): "
+            f"most likely {category}, from the words of the log alone ({told}; {said_by_words.p:.0%}): "
             f"{hint}. If not: {step}"
         )
     elif confidence == "low" and shaped is not None:
@@ -986,12 +994,6 @@ def decide(
         secondary,
         confidence,
     )
-
-
-def model_words(reading: _Reading, category: str, word_model: words.WordModel | None = None) -> list[str]:
-    """The few words of the log that speak most for ``category`` in the word model."""
-    model = word_model or shipped_words()
-    return [t for t in model.telling(word_features(reading), category) if ":" not in t][:4]
 
 
 def _evidence(hits: list[_Hit]) -> tuple[Evidence, ...]:

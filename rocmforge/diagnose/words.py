@@ -31,7 +31,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,41 +67,41 @@ def tokens(lines: Iterable[str]) -> frozenset[str]:
     return frozenset(out)
 
 
-@dataclass(frozen=True)
+@dataclass
 class WordModel:
-    """Per category: how many training threads, and in how many of them each token appears."""
+    """Per category: how many training threads, and in how many of them each token appears.
+
+    The log-probabilities are derived from those counts once, when the model is made.
+    """
 
     docs: dict[str, int]
     counts: dict[str, dict[str, int]]
     alpha: float = 0.5
     min_df: int = 2
+    _vocab: frozenset[str] = field(init=False, repr=False, compare=False)
+    _logp: dict[str, dict[str, float]] = field(init=False, repr=False, compare=False)
+    _unseen: dict[str, float] = field(init=False, repr=False, compare=False)  # a token a category never had
+    _prior: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        vocab = {t for c in self.counts.values() for t in c}
-        object.__setattr__(self, "_vocab", frozenset(vocab))
+        self._vocab = frozenset(t for c in self.counts.values() for t in c)
         total = sum(self.docs.values())
-        logp: dict[str, dict[str, float]] = {}
-        unseen: dict[str, float] = {}
-        prior: dict[str, float] = {}
+        self._logp, self._unseen, self._prior = {}, {}, {}
         for cat, n in self.docs.items():
             tokens_in = self.counts.get(cat, {})
-            denominator = sum(tokens_in.values()) + self.alpha * len(vocab)
-            logp[cat] = {t: math.log((c + self.alpha) / denominator) for t, c in tokens_in.items()}
-            unseen[cat] = math.log(self.alpha / denominator)
-            prior[cat] = math.log(n / total)
-        object.__setattr__(self, "_logp", logp)
-        object.__setattr__(self, "_unseen", unseen)
-        object.__setattr__(self, "_prior", prior)
+            denominator = sum(tokens_in.values()) + self.alpha * len(self._vocab)
+            self._logp[cat] = {t: math.log((c + self.alpha) / denominator) for t, c in tokens_in.items()}
+            self._unseen[cat] = math.log(self.alpha / denominator)
+            self._prior[cat] = math.log(n / total)
 
     def rank(self, toks: Iterable[str]) -> list[tuple[str, float]]:
         """Every category with its posterior probability, likeliest first."""
-        known = [t for t in toks if t in self._vocab]  # type: ignore[attr-defined]
+        known = [t for t in toks if t in self._vocab]
         if not known:
             return []
-        logp, unseen = self._logp, self._unseen  # type: ignore[attr-defined]
+        logp, unseen = self._logp, self._unseen
         score = {
-            cat: self._prior[cat] + sum(logp[cat].get(t, unseen[cat]) for t in known)  # type: ignore[attr-defined]
-            for cat in self.docs
+            cat: self._prior[cat] + sum(logp[cat].get(t, unseen[cat]) for t in known) for cat in self.docs
         }
         top = max(score.values())
         weights = {cat: math.exp(s - top) for cat, s in score.items()}
@@ -110,7 +110,7 @@ class WordModel:
 
     def telling(self, toks: Iterable[str], category: str) -> list[str]:
         """The tokens that speak most for ``category`` against the other categories, best first."""
-        logp, unseen = self._logp, self._unseen  # type: ignore[attr-defined]
+        logp, unseen = self._logp, self._unseen
         others = [c for c in self.docs if c != category]
         if not others:
             return []
@@ -185,13 +185,9 @@ def from_json(data: Any) -> WordModel:
 def load(path: Path = MODEL_FILE) -> WordModel:
     """The shipped model, checked (a damaged file is an error naming it, never a silent guess)."""
     try:
-        text = path.read_text()
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ModelError(f"not JSON ({exc})") from None
-        return from_json(data)
-    except (OSError, ValueError) as exc:
-        raise ModelError(
-            f"{path}: {exc}; reinstall rocmforge or run scripts/train_diagnose_words.py"
-        ) from None
+        return from_json(json.loads(path.read_text()))
+    except json.JSONDecodeError as exc:
+        why = f"not JSON ({exc})"
+    except (OSError, ValueError) as exc:  # unreadable, or not a model (ModelError)
+        why = str(exc)
+    raise ModelError(f"{path}: {why}; reinstall rocmforge or run scripts/train_diagnose_words.py")
