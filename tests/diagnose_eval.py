@@ -226,13 +226,17 @@ def train_words(items: Sequence[Excerpt]) -> object:
     return words.train(word_documents(items))
 
 
-def rule_support(items: Sequence[Excerpt]) -> dict[str, set[str]]:
-    """For each signal, the threads whose excerpt it fires on and whose label it points to."""
+def rule_support(items: Sequence[Excerpt], readings: dict[Path, object] | None = None) -> dict[str, set[str]]:
+    """For each signal, the threads whose excerpt it fires on and whose label it points to.
+
+    ``readings``: each excerpt's ``read_chunks`` result, when already made.
+    """
     from rocmforge.diagnose.engine import read_chunks
 
     support: dict[str, set[str]] = {}
     for e in items:
-        for name, hits in read_chunks([e.log()]).hits.items():
+        reading = readings[e.path] if readings else read_chunks([e.log()])
+        for name, hits in reading.hits.items():
             if hits[0].signal.category == e.category:
                 support.setdefault(name, set()).add(e.thread)
     return support
@@ -252,20 +256,23 @@ def rule_cross_validate(
     """
     from copy import copy
 
-    from rocmforge.diagnose.engine import TUNING, decide, read_chunks
+    from rocmforge.diagnose import words
+    from rocmforge.diagnose.engine import TUNING, decide, read_chunks, word_features
 
-    support = rule_support(items)
+    # Each excerpt is read once; the folds filter and train on these.
+    readings = {e.path: read_chunks([e.log()]) for e in items}
+    documents = {e.path: (e.thread, e.category, word_features(readings[e.path])) for e in items}
+    support = rule_support(items, readings)
     reports, dropped = [], []
     parts = folds(items, k)
     for i, held in enumerate(parts):
         threads = {e.thread for e in held}
         gone = {name for name, ts in support.items() if ts <= threads}
         dropped.append(len(gone))
-        model = train_words([e for j, part in enumerate(parts) if j != i for e in part])
+        model = words.train([documents[e.path] for j, part in enumerate(parts) if j != i for e in part])
 
         def classify(path: Path, gone: set[str] = gone, model: object = model) -> str:
-            reading = read_chunks([excerpt_log(path)])
-            reading = copy(reading)
+            reading = copy(readings[path])
             reading.hits = {n: h for n, h in reading.hits.items() if n not in gone}
             reading.counts = {n: c for n, c in reading.counts.items() if n not in gone}
             return decide(reading, tuning or TUNING, word_model=model).category
