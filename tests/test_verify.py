@@ -33,6 +33,13 @@ TORCH = "2.13.0+rocm7.2"
 LOAD_SO = "import ctypes, os\nctypes.CDLL(os.path.join(os.path.dirname(__file__), {!r}))\n"
 
 
+def run_verify(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m rocmforge verify ARGS`` from the checkout, output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "rocmforge", "verify", *args], capture_output=True, text=True, cwd=ROOT
+    )
+
+
 def make_wheel(
     out: Path, name: str, version: str, files: dict[str, bytes | str], *, requires=(), provenance=None
 ) -> Path:
@@ -267,12 +274,7 @@ def test_probe_imports_the_standard_librarys_inspect_not_ours():
 def test_bad_environment_or_empty_wheelhouse_is_one_line(tmp_path, args, message):
     # An empty wheelhouse must not pass vacuously, and a wrong interpreter is no traceback.
     args = [a.replace("{empty}", str(tmp_path)) for a in args]
-    res = subprocess.run(
-        [sys.executable, "-m", "rocmforge", "verify", *args, "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    res = run_verify(*args, "--json")
     assert res.returncode == 2
     assert res.stdout == ""
     lines = res.stderr.strip().splitlines()
@@ -379,33 +381,10 @@ def test_installed_packages_archs_checked_without_the_wheelhouse(tmp_path, objec
 def test_nothing_to_verify_is_a_failure(tmp_path):
     subprocess.run(["uv", "venv", "-q", str(tmp_path / "empty")], check=True)
     python = str(tmp_path / "empty/bin/python")
-    res = subprocess.run(
-        [sys.executable, "-m", "rocmforge", "verify", "--python", python, "--arch", "gfx90a", "--no-gpu"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    res = run_verify("--python", python, "--arch", "gfx90a", "--no-gpu")
     assert res.returncode == 1, res.stderr
     assert res.stderr.rstrip().endswith("- FAILED")
-    doc = json.loads(
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rocmforge",
-                "verify",
-                "--python",
-                python,
-                "--arch",
-                "gfx90a",
-                "--no-gpu",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        ).stdout
-    )
+    doc = json.loads(run_verify("--python", python, "--arch", "gfx90a", "--no-gpu", "--json").stdout)
     assert doc["ok"] is False
     (bad,) = [c for c in doc["checks"] if c["status"] == "fail"]
     assert bad["name"] == "anything verified"
