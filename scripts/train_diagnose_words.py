@@ -12,7 +12,6 @@ on the same corpus writes the same bytes (a test checks that the shipped model i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,13 +26,18 @@ from rocmforge.fsutil import atomic_write  # noqa: E402
 
 def model_text() -> str:
     """The model trained on the whole non-blind corpus, as the bytes shipped."""
-    return json.dumps(train_words(corpus()).to_json(), indent=0, sort_keys=True) + "\n"
+    return train_words(corpus()).to_text()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only say whether the shipped model is current")
     args = parser.parse_args()
+    try:
+        import numpy  # noqa: F401  (training needs it; diagnose itself does not)
+    except ModuleNotFoundError:
+        print("training the word model needs numpy: pip install -e '.[test]' (or pip install numpy)")
+        return 2
     text = model_text()
     if args.check:
         current = MODEL_FILE.read_text() if MODEL_FILE.is_file() else ""

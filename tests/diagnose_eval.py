@@ -147,6 +147,7 @@ class Report:
     total: int = 0
     correct: int = 0
     unknown: int = 0
+    second: int = 0  # wrong first, right as the secondary cause
     confusion: Counter = field(default_factory=Counter)  # (expected, got) -> count
     misses: list[tuple[str, str, str]] = field(default_factory=list)  # (file, expected, got)
 
@@ -166,19 +167,27 @@ class Report:
         return (tp / predicted if predicted else None, tp / actual if actual else None, actual)
 
 
-def score(items: Sequence[Excerpt], classify: Callable[[Path], str] | None = None) -> Report:
-    """Run the classifier (the engine on the excerpt's log, by default) on each excerpt."""
+def score(
+    items: Sequence[Excerpt], classify: Callable[[Path], str | tuple[str, str | None]] | None = None
+) -> Report:
+    """Run the classifier (the engine on the excerpt's log, by default) on each excerpt.
+
+    ``classify`` gives the category, or the category and the secondary cause (or None).
+    """
     if classify is None:
         from rocmforge.diagnose.engine import diagnose_text
 
-        def classify(path: Path) -> str:
-            return diagnose_text(excerpt_log(path).decode("utf-8", "surrogateescape")).category
+        def classify(path: Path) -> tuple[str, str | None]:
+            d = diagnose_text(excerpt_log(path).decode("utf-8", "surrogateescape"))
+            return d.category, d.secondary.category if d.secondary else None
 
     report = Report()
     for e in items:
-        got = classify(e.path)
+        answer = classify(e.path)
+        got, second = answer if isinstance(answer, tuple) else (answer, None)
         report.total += 1
         report.correct += got == e.category
+        report.second += got != e.category and second == e.category
         report.unknown += got == "unknown"
         report.confusion[(e.category, got)] += 1
         if got != e.category:
@@ -271,11 +280,12 @@ def rule_cross_validate(
         dropped.append(len(gone))
         model = words.train([documents[e.path] for j, part in enumerate(parts) if j != i for e in part])
 
-        def classify(path: Path, gone: set[str] = gone, model: object = model) -> str:
+        def classify(path: Path, gone: set[str] = gone, model: object = model) -> tuple[str, str | None]:
             reading = copy(readings[path])
             reading.hits = {n: h for n, h in reading.hits.items() if n not in gone}
             reading.counts = {n: c for n, c in reading.counts.items() if n not in gone}
-            return decide(reading, tuning or TUNING, word_model=model).category
+            d = decide(reading, tuning or TUNING, word_model=model)
+            return d.category, d.secondary.category if d.secondary else None
 
         reports.append(score(held, classify))
     return reports, dropped
@@ -290,6 +300,12 @@ def print_report(name: str, report: Report, *, details: bool) -> None:
     print(
         f"{name}: {report.correct}/{report.total} = {report.accuracy:.1%} right cause, "
         f"{report.unknown}/{report.total} = {report.unknown_rate:.1%} unknown"
+        + (
+            f"; right as the second cause: {report.second} more "
+            f"({(report.correct + report.second) / max(report.total, 1):.1%} first or second)"
+            if report.second
+            else ""
+        )
     )
     if not details:
         return

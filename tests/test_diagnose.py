@@ -472,9 +472,15 @@ def test_a_first_fatal_error_outside_every_category_is_unknown_whatever_comes_af
     assert (d.category, d.confidence, d.first_error.line) == ("unknown", "none", 1)
     assert "the disk filled up at line 1" in d.hint and "df -h" in d.hint
     features = word_features(read_chunks([log.encode()]))
-    model = words.train([("t#1", "cmake_hip_not_found", features), ("t#2", "cmake_hip_not_found", features)])
-    assert model.rank(features)[0] == ("cmake_hip_not_found", 1.0)  # the words alone would say so
-    assert decide(read_chunks([log.encode()]), word_model=model).category == "unknown"
+    killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
+    model = words.train(
+        [(f"t#{i}", "cmake_hip_not_found", features) for i in (1, 2)]
+        + [(f"t#{i}", "oom_compiler", killed) for i in (3, 4)]
+    )
+    best, p = model.rank(features)[0]
+    assert best == "cmake_hip_not_found" and p > 0.9  # the words alone would say so
+    d = decide(read_chunks([log.encode()]), word_model=model)
+    assert d.category == "unknown" and d.secondary is None  # not even as a second guess
     # A rule for the very phenomenon still names its cause (a later run without a code object).
     later = "OSError: [Errno 28] No space left on device\nHIP error: invalid device function\n"
     assert diagnose_text(later).category == "arch_mismatch"

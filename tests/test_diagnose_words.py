@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rocmforge.diagnose import words
-from rocmforge.diagnose.engine import Tuning, decide, diagnose_text, read_chunks, word_lines
+from rocmforge.diagnose.engine import Tuning, decide, diagnose_text, read_chunks, word_features, word_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tests")]
@@ -40,7 +40,9 @@ def test_shipped_model_is_what_the_corpus_trains():
 
     assert words.MODEL_FILE.read_text() == model_text(), "run scripts/train_diagnose_words.py"
     model = words.load()
-    assert "unknown" in model.docs and sum(model.docs.values()) >= 400
+    assert "unknown" in model.classes and sum(model.docs.values()) >= 400
+    # Shipped in hundredths, read back as the same numbers.
+    assert words.load() == model and json.loads(words.MODEL_FILE.read_text())["scale"] == words.SCALE
 
 
 def test_train_script_check_says_current(tmp_path):
@@ -53,18 +55,26 @@ def test_train_script_check_says_current(tmp_path):
     assert out.returncode == 0 and "current" in out.stdout, out.stdout + out.stderr
 
 
+_HEAD = '{"format": 2, "scale": 100, "classes": ["oom_compiler", "unknown"], '
+_GOOD = _HEAD + '"docs": {"oom_compiler": 2, "unknown": 1}'
+_BODY = ', "bias": [0, 0], "weights": {"killed": [1, 0]}}'
+
+
 @pytest.mark.parametrize(
     ("text", "names"),
     [
         ("", "not JSON"),  # truncated to nothing
-        ('{"format": 1, "docs": {"oom_c', "not JSON"),  # cut off while written by hand
-        ('{"format": 2}', "not a format-1 word model"),
-        ('{"format": 1, "docs": {"oom_compiler": 0}, "counts": {}}', "positive thread counts"),
+        ('{"format": 2, "classes": ["oom_c', "not JSON"),  # cut off while written by hand
+        ('{"format": 1, "docs": {}, "counts": {}}', "not a format-2 word model"),  # the naive Bayes model
+        (_GOOD.replace('"scale": 100', '"scale": 1000') + _BODY, "'scale' must be 100"),
+        (_GOOD.replace('["oom_compiler", "unknown"]', '["unknown"]') + _BODY, "at least two"),
+        (_GOOD.replace('"unknown": 1', '"unknown": 0') + _BODY, "positive thread count"),
+        (_GOOD + ', "bias": [0], "weights": {"killed": [1, 0]}}', "'bias' must be 2 integers"),
         (
-            '{"format": 1, "docs": {"oom_compiler": 2}, "counts": {"oom_compiler": {"killed": 3}}}',
-            "between 1 and 2",
+            _GOOD + ', "bias": [0, 0], "weights": {"killed": [1.5, 0]}}',
+            "weights of 'killed' must be 2 integers",
         ),
-        ('{"format": 1, "docs": {"oom_compiler": 2}, "counts": {"nvidia": {}}}', "'counts' must map"),
+        (_GOOD + ', "bias": [0, 0], "weights": {}}', "'weights' must map"),
     ],
 )
 def test_a_damaged_model_is_refused_naming_the_file(tmp_path, text, names):
@@ -105,3 +115,45 @@ def test_word_lines_are_the_first_fatal_lines_and_the_tail_of_a_long_log():
     assert got[-1] == (100_002, lines[-1])
     assert len(got) == 1 + words.TAIL_LINES
     assert [n for n, _ in got[1:]] == list(range(100_002 - words.TAIL_LINES + 1, 100_003))
+
+
+def test_the_words_next_likeliest_cause_is_named_second_as_a_guess():
+    # The rules name compiler_version from the error's shape; the words of such logs were as
+    # often an arch problem: that is named second, marked as the words' guess, with its lines,
+    # in the JSON ("basis": "words") and on the terminal ("or perhaps").
+    log = "error: unknown type name '__hip_bfloat16'\n1 error generated when compiling for gfx942.\n"
+    features = word_features(read_chunks([log.encode()]))
+    killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
+    model = words.train(
+        [(f"t#{i}", "compiler_version", features) for i in (1, 2, 3)]
+        + [("t#4", "arch_unsupported", features)]
+        + [(f"t#{i}", "oom_compiler", killed) for i in (5, 6)]
+    )
+    (first, _), (second, p2) = model.rank(features)[:2]
+    assert (first, second) == ("compiler_version", "arch_unsupported") and p2 >= 0.1
+    d = decide(read_chunks([log.encode()]), word_model=model)
+    assert d.category == "compiler_version" and d.secondary is not None
+    assert (d.secondary.category, d.secondary.basis) == ("arch_unsupported", "words")
+    assert d.secondary.hint.startswith("from the words of the log alone (")
+    assert f"{p2:.0%})" in d.secondary.hint and d.secondary.evidence
+    assert d.to_json()["secondary"]["basis"] == "words"
+    # Below the threshold no guess is named.
+    quiet = decide(read_chunks([log.encode()]), Tuning(words_second=p2 + 0.01), word_model=model)
+    assert quiet.secondary is None
+
+
+def test_the_terminal_says_a_words_guess_is_a_guess(tmp_path):
+    # The shipped model on a log the rules name from its shape alone: the words' next likeliest
+    # cause is printed as "or perhaps", never as "also" (which says the log shows it too).
+    log = tmp_path / "build.log"
+    log.write_text("error: unknown type name '__hip_bfloat16'\n1 error generated when compiling for gfx942\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "rocmforge", "diagnose", str(log)], capture_output=True, text=True, timeout=60
+    )
+    shipped = diagnose_text(log.read_text())
+    assert out.returncode == 0, out.stderr
+    assert shipped.secondary is not None and shipped.secondary.basis == "words"
+    said = " ".join(out.stdout.split() + out.stderr.split())
+    assert f"{shipped.category} (low confidence)" in said
+    assert f"or perhaps {shipped.secondary.category}: from the words of the log alone" in said
+    assert f"also {shipped.secondary.category}" not in said

@@ -94,11 +94,16 @@ class FirstError:
 
 @dataclass(frozen=True)
 class Cause:
-    """A cause other than the main one that the log also shows, with its own lines."""
+    """A cause other than the main one, with its own lines.
+
+    ``basis``: ``lines`` when the log shows this cause too (or its lines are as often this cause's),
+    ``words`` when it is only the word model's next likeliest cause, to check if the first is wrong.
+    """
 
     category: str
     hint: str
     evidence: tuple[Evidence, ...] = ()
+    basis: str = "lines"
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,8 @@ class Diagnosis:
 
     ``first_error`` is the log's first fatal error and its family, found independently of the
     cause (it is there for ``unknown`` too); ``secondary`` is a second cause the log shows as
-    well, or the one that most often shows the same way, when there is one. ``confidence`` says
+    well, or the one that most often shows the same way, or else the word model's next likeliest
+    cause (``basis`` says which), when there is one. ``confidence`` says
     what the category rests on: ``high`` a rule for this very phenomenon, ``medium`` only
     wordings of its family (or weaker rules together), ``low`` only the shape and family of the
     first fatal error (the most likely cause of such a line), ``none`` for ``unknown``.
@@ -125,7 +131,7 @@ class Diagnosis:
 
         {"category", "hint", "evidence": [{"line", "text"}],
          "first_error": {"line", "text", "family"} or null,
-         "secondary": {"category", "hint", "evidence"} or null,
+         "secondary": {"category", "hint", "evidence", "basis": "lines" | "words"} or null,
          "confidence": "high" | "medium" | "low" | "none"}
         """
         first = self.first_error
@@ -143,6 +149,7 @@ class Diagnosis:
                 "category": second.category,
                 "hint": second.hint,
                 "evidence": _evidence_json(second.evidence),
+                "basis": second.basis,
             },
             "confidence": self.confidence,
         }
@@ -808,10 +815,13 @@ class Tuning:
     same_family: float = 0.0
     window: int = 3
     # The word model (diagnose/words.py) names the cause of a log the rules leave unknown when
-    # its posterior reaches ``words_min``, and replaces a guess from the first fatal error's shape
-    # alone when it names another cause with ``words_override`` (above 1: never).
-    words_min: float = 0.9
+    # its probability reaches ``words_min``, and replaces a guess from the first fatal error's
+    # shape alone when it names another cause with ``words_override`` (above 1: never). Its
+    # likeliest other cause is named second (when the rules name no second cause) from
+    # ``words_second``. Chosen by replaying the three blind rounds (docs/diagnose.md).
+    words_min: float = 0.3
     words_override: float = 0.9
+    words_second: float = 0.1
 
 
 TUNING = Tuning()
@@ -866,7 +876,7 @@ def word_features(reading: _Reading, lines: list[tuple[int, str]] | None = None)
 
 @dataclass(frozen=True)
 class _Opinion:
-    """The word model's likeliest cause, its probability, its words and the lines holding them."""
+    """A cause the word model names, its probability, its words and the lines holding them."""
 
     category: str
     p: float
@@ -874,29 +884,64 @@ class _Opinion:
     hits: list[_Hit]
 
 
-def _words_opinion(reading: _Reading, model: words.WordModel) -> _Opinion | None:
-    """What the word model says of this log, or None when it knows none of its words."""
-    lines = word_lines(reading)
-    features = word_features(reading, lines)
-    ranked = model.rank(features)
-    if not ranked or ranked[0][0] not in CATEGORIES:
+class _Words:
+    """What the word model says of one log: every cause with its probability, likeliest first."""
+
+    def __init__(self, reading: _Reading, model: words.WordModel) -> None:
+        self.reading, self.model = reading, model
+        self.lines = word_lines(reading)
+        self.features = word_features(reading, self.lines)
+        self.ranked = model.rank(self.features)
+
+    def opinion(self, category: str, p: float) -> _Opinion:
+        """``category`` as the model's answer: the words that speak for it and their lines."""
+        telling = [t for t in self.model.telling(self.features, category) if ":" not in t][:8]
+        sig = Signal("words", (), category, 0.0, _NOTHING)
+        scored = []
+        for number, text in self.lines:
+            toks = words.tokens([text])
+            n = sum(t in toks for t in telling)
+            if n:
+                scored.append((-n, number, text))
+        hits = [_Hit(sig, number, text, {}) for _, number, text in sorted(scored)[:MAX_EVIDENCE]]
+        if not hits:  # no single line holds a telling word: point at where the log failed
+            where = self.reading.first_error
+            number, text = (where.line, where.text) if where is not None else self.lines[-1]
+            hits = [_Hit(sig, number, text, {})]
+        hits.sort(key=lambda h: h.line)
+        return _Opinion(category, p, telling, hits)
+
+    def best(self) -> _Opinion | None:
+        """The likeliest cause (None when the model knows none of the log's words)."""
+        if not self.ranked or self.ranked[0][0] not in CATEGORIES:
+            return None
+        return self.opinion(*self.ranked[0])
+
+    def runner_up(self, named: str, minimum: float) -> _Opinion | None:
+        """The likeliest cause besides ``named`` and ``unknown``, if its probability reaches ``minimum``."""
+        for category, p in self.ranked:
+            if category not in (named, "unknown") and category in CATEGORIES:
+                return self.opinion(category, p) if p >= minimum else None
         return None
-    category, p = ranked[0]
-    telling = [t for t in model.telling(features, category) if ":" not in t][:8]
-    sig = Signal("words", (), category, 0.0, _NOTHING)
-    scored = []
-    for number, text in lines:
-        toks = words.tokens([text])
-        n = sum(t in toks for t in telling)
-        if n:
-            scored.append((-n, number, text))
-    hits = [_Hit(sig, number, text, {}) for _, number, text in sorted(scored)[:MAX_EVIDENCE]]
-    if not hits:  # no single line holds a telling word: point at where the log failed
-        where = reading.first_error
-        number, text = (where.line, where.text) if where is not None else lines[-1]
-        hits = [_Hit(sig, number, text, {})]
-    hits.sort(key=lambda h: h.line)
-    return _Opinion(category, p, telling, hits)
+
+
+def _said_by_words(opinion: _Opinion, hint: str) -> str:
+    told = ", ".join(opinion.telling[:4])
+    return f"from the words of the log alone ({told}; {opinion.p:.0%}): {hint}"
+
+
+def _words_cause(said: _Words, named: str, tuning: Tuning, reading: _Reading) -> Cause | None:
+    """The word model's likeliest cause besides ``named``, as a second cause to check (or None).
+
+    Replayed on the three blind rounds with the rules as they were then, naming it (at
+    ``tuning.words_second``) put the right cause first or second for 80 % of the logs, against
+    74 % first (docs/diagnose.md, "The word model").
+    """
+    other = said.runner_up(named, tuning.words_second)
+    if other is None:
+        return None
+    hint = _said_by_words(other, _hint(other.category, other.hits, reading, None))
+    return Cause(other.category, hint, _evidence(other.hits), basis="words")
 
 
 def decide(
@@ -938,16 +983,18 @@ def decide(
         fallback = [_Hit(sig, shaped.line, shaped.text, {})]
         confidence = "low"
     said_by_words: _Opinion | None = None
+    said = _Words(reading, word_model or shipped_words())
     if (not ranked or confidence == "low") and not outside:
         # The rules found no cause of their own: ask what the words of the log say.
-        opinion = _words_opinion(reading, word_model or shipped_words())
+        opinion = said.best()
         # Over a shape's guess it must name another cause, with its own threshold.
         needed = tuning.words_override if ranked else tuning.words_min
         if opinion is not None and opinion.category not in ("unknown", *ranked) and opinion.p >= needed:
             ranked, fallback, confidence = [opinion.category], opinion.hits, "low"
             said_by_words = opinion
     if not ranked:
-        return _unknown(reading)
+        guess = None if outside else _words_cause(said, "unknown", tuning, reading)
+        return _unknown(reading, guess)
     category = ranked[0]
     hits = (
         _category_hits(reading, category)
@@ -966,20 +1013,20 @@ def decide(
         # The same lines are as often the sign of another cause (no GPU listed: missing device
         # or no permission to open it): name it second, on the same evidence.
         secondary = Cause(also, _hint(also, hits, reading, None), _evidence(hits))
+    if secondary is None:
+        # The rules see one cause; the words of the log may make another one likely enough to
+        # check when the first is wrong.
+        secondary = _words_cause(said, category, tuning, reading)
     hint = _hint(category, hits, reading, why.get(category))
     if said_by_words:
         # Named from the words of the log alone: say so, with the words, and keep the next step
         # of the first fatal error's family for when the guess is wrong.
-        told = ", ".join(said_by_words.telling[:4])
         step = (
             RULES.next_steps[first.family].format(line=first.line)
             if first is not None
             else "read the lines above the evidence"
         )
-        hint = (
-            f"most likely {category}, from the words of the log alone ({told}; {said_by_words.p:.0%}): "
-            f"{hint}. If not: {step}"
-        )
+        hint = f"most likely {category}, {_said_by_words(said_by_words, hint)}. If not: {step}"
     elif confidence == "low" and shaped is not None:
         # Named from the shape of a fatal error alone: say so, and keep the family's next step
         # for when the guess is wrong.
@@ -1026,7 +1073,8 @@ def _category_hits(reading: _Reading, category: str) -> list[_Hit]:
     return out[:1] + sorted(out[1:], key=lambda h: h.line)
 
 
-def _unknown(reading: _Reading) -> Diagnosis:
+def _unknown(reading: _Reading, guess: Cause | None = None) -> Diagnosis:
+    """No cause named; ``guess``: the word model's likeliest cause, too unsure to be the answer."""
     first = reading.first_error
     if first is None and reading.first_follow_up is not None:
         # Only consequences ("ninja: build stopped") are left: point at the first of them.
@@ -1048,7 +1096,8 @@ def _unknown(reading: _Reading) -> Diagnosis:
         return Diagnosis("unknown", hint, evidence, reading.first_error)
     step = RULES.next_steps[first.family].format(line=first.line)
     hint = f"no known cause recognised; {step}"
-    return Diagnosis("unknown", hint, (Evidence(first.line, first.text.strip()[:300]),), reading.first_error)
+    evidence = (Evidence(first.line, first.text.strip()[:300]),)
+    return Diagnosis("unknown", hint, evidence, reading.first_error, guess)
 
 
 def diagnose_text(text: str, *, tuning: Tuning = TUNING) -> Diagnosis:
@@ -1447,7 +1496,8 @@ def main(args: argparse.Namespace) -> int:
             title += f" ({diagnosis.confidence} confidence)"
         _print_cause(console, escape, title, diagnosis.hint, diagnosis.evidence)
         if (second := diagnosis.secondary) is not None:
-            _print_cause(console, escape, f"also {second.category}", second.hint, second.evidence)
+            also = "also" if second.basis == "lines" else "or perhaps"
+            _print_cause(console, escape, f"{also} {second.category}", second.hint, second.evidence)
     return 0 if diagnosis.category != "unknown" else 1
 
 
