@@ -102,7 +102,13 @@ def blind_dirs() -> frozenset[str]:
     if not BLIND_FILE.is_file():
         return frozenset()
     lines = (line.split("#", 1)[0].strip() for line in BLIND_FILE.read_text().splitlines())
-    return frozenset(line for line in lines if line)
+    names = frozenset(line for line in lines if line)
+    for name in names:
+        # A path ("tests/data/diagnose/fresh13/") names no directory here, and a set it meant to
+        # hold out would silently be tuned on: refuse it.
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise SystemExit(f"{BLIND_FILE}: {name!r} is not a directory name; write the name alone: fresh7")
+    return names
 
 
 def corpus(*, exclude: frozenset[str] = frozenset(), only: str = "") -> list[Excerpt]:

@@ -191,6 +191,11 @@ def test_blind_directories_stay_out_of_every_split(monkeypatch, tmp_path):
     assert items and not any(e.path.parent.name == "fresh6" for e in items)
     assert not any("fresh6" in p.parts for p in opened)
     assert len(corpus(only="fresh6")) == 80  # only --blind reads it
+    # A path instead of a name would hold nothing out (round 8 was first declared so): refused.
+    blind.write_text("tests/data/diagnose/fresh6/\n")
+    with pytest.raises(SystemExit) as err:
+        corpus()
+    assert "'tests/data/diagnose/fresh6/' is not a directory name" in str(err.value)
 
 
 def test_no_thread_is_in_two_splits():
