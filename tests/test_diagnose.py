@@ -67,7 +67,7 @@ def test_fixtures_name_their_source_and_a_known_category():
     seen = set()
     for path in ALL_FIXTURES:
         head = path.read_text().splitlines()[:2]
-        assert head[0].startswith("# source: https://"), path.name
+        assert head[0].startswith(("# source: https://", "# source: http://")), path.name  # old trackers
         category = head[1].removeprefix("# category: ")
         assert category in CATEGORIES, path.name
         assert path.name.startswith(category + "-"), path.name
