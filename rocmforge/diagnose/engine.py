@@ -1084,6 +1084,7 @@ def _unknown(reading: _Reading, guess: Cause | None = None) -> Diagnosis:
             "unknown",
             "no known build or run failure recognised and no error line in the log; "
             "give the full log of the step that failed",
+            secondary=guess,
         )
     outside = reading.outside
     if outside is not None:

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Replay diagnose's blind rounds with a word model the rounds never had.
+
+A blind round scores, once, the engine frozen before its excerpts were gathered. To judge a new
+*word model* the same way, each round is replayed: the engine's rules and code are checked out
+as they were frozen (a temporary git worktree of that commit), the word model is trained with
+*this* tree's ``rocmforge/diagnose/words.py`` on that commit's corpus (its blind sets excluded),
+and the round's blind excerpts (read from this tree) are diagnosed by the old engine with the
+new model. Per round: the rules alone, the engine as it was shipped, the engine with the new
+model, and how often the right cause is first or second (the new model's next likeliest cause
+named second where the rules name none, as ``engine.Tuning.words_second`` does).
+
+The thresholds are this tree's ``engine.Tuning``. Needs git, the repository's history and numpy.
+
+    python scripts/replay_diagnose_rounds.py            # the rounds in ROUNDS
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "data" / "diagnose"
+# (round, the commit its blind sets were scored on, the sets) — docs/diagnose.md gives each.
+ROUNDS = (
+    ("4", "55b9348", ("fresh7", "fresh8")),
+    ("5", "5c1a180", ("fresh9", "fresh10")),
+    ("7", "4964385", ("fresh11", "fresh12")),
+    ("8", "db302cb", ("fresh13", "fresh14")),
+)
+
+
+def replay(commit: str, sets: tuple[str, ...], tuning: dict[str, float]) -> dict[str, int]:
+    """The counts of one round, from the engine of ``commit`` (checked out in a temporary worktree)."""
+    git = ["git", "-C", str(ROOT), "worktree"]
+    with tempfile.TemporaryDirectory(prefix="replay-") as tmp:
+        tree = Path(tmp, "tree")
+        subprocess.run([*git, "add", "--detach", "-q", str(tree), commit], check=True)
+        try:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "scripts" / "replay_diagnose_driver.py"),
+                    str(tree),
+                    str(ROOT / "rocmforge" / "diagnose" / "words.py"),
+                    str(FIXTURES),
+                    ",".join(sets),
+                    json.dumps(tuning),
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode:
+                sys.exit(f"replaying {commit}: {out.stderr.strip().splitlines()[-1]}")
+        finally:
+            subprocess.run([*git, "remove", "--force", str(tree)], check=True)
+    return json.loads(out.stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--round", action="append", help="replay only this round (repeatable)")
+    args = parser.parse_args()
+    sys.path[:0] = [str(ROOT)]
+    from rocmforge.diagnose.engine import TUNING
+
+    tuning = {k: getattr(TUNING, k) for k in ("words_min", "words_override", "words_second")}
+    total: dict[str, int] = {}
+    print(f"thresholds: {tuning}")
+    for name, commit, sets in ROUNDS:
+        if args.round and name not in args.round:
+            continue
+        got = replay(commit, sets, tuning)
+        n = got["n"]
+        print(
+            f"round {name} ({' + '.join(sets)}, {n}, rules of {commit}): rules alone {got['rules']}, "
+            f"as shipped {got['shipped']}, with this word model {got['new']} "
+            f"({got['new_unknown']} unknown), right first or second {got['first_or_second']}"
+        )
+        for k, v in got.items():
+            total[k] = total.get(k, 0) + v
+    n = total.get("n", 0)
+    if n:
+        pct = {k: f"{v}/{n} = {v / n:.1%}" for k, v in total.items() if k != "n"}
+        print(
+            f"all: rules alone {pct['rules']}, as shipped {pct['shipped']}, with this word model "
+            f"{pct['new']} ({pct['new_unknown']} unknown), right first or second {pct['first_or_second']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
