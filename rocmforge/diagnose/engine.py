@@ -819,7 +819,7 @@ class Tuning:
     # shape alone when it names another cause with ``words_override`` (above 1: never). Its
     # likeliest other cause is named second (when the rules name no second cause) from
     # ``words_second``. Chosen by replaying the three blind rounds (docs/diagnose.md).
-    words_min: float = 0.3
+    words_min: float = 0.2
     words_override: float = 0.9
     words_second: float = 0.1
 
