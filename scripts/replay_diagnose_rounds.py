@@ -32,6 +32,7 @@ ROUNDS = (
     ("5", "5c1a180", ("fresh9", "fresh10")),
     ("7", "4964385", ("fresh11", "fresh12")),
     ("8", "db302cb", ("fresh13", "fresh14")),
+    ("9", "c12bc15", ("fresh15", "fresh16")),
 )
 
 
