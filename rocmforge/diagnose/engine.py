@@ -818,7 +818,8 @@ class Tuning:
     # its probability reaches ``words_min``, and replaces a guess from the first fatal error's
     # shape alone when it names another cause with ``words_override`` (above 1: never). Its
     # likeliest other cause is named second (when the rules name no second cause) from
-    # ``words_second``. Chosen by replaying the three blind rounds (docs/diagnose.md).
+    # ``words_second``. Chosen by replaying the blind rounds with the rules frozen as they were
+    # (scripts/replay_diagnose_rounds.py; docs/diagnose.md, rounds 8 and 9).
     words_min: float = 0.2
     words_override: float = 0.9
     words_second: float = 0.1
@@ -933,9 +934,9 @@ def _said_by_words(opinion: _Opinion, hint: str) -> str:
 def _words_cause(said: _Words, named: str, tuning: Tuning, reading: _Reading) -> Cause | None:
     """The word model's likeliest cause besides ``named``, as a second cause to check (or None).
 
-    Replayed on the three blind rounds with the rules as they were then, naming it (at
-    ``tuning.words_second``) put the right cause first or second for 80 % of the logs, against
-    74 % first (docs/diagnose.md, "The word model").
+    Replayed on the blind rounds 4 to 9 with the rules as they were then, naming it (at
+    ``tuning.words_second``) put the right cause first or second for 82 % of the logs, against
+    78 % first (scripts/replay_diagnose_rounds.py; docs/diagnose.md, round 9).
     """
     other = said.runner_up(named, tuning.words_second)
     if other is None:
