@@ -169,3 +169,19 @@ def test_the_terminal_says_a_words_guess_is_a_guess(tmp_path):
     assert f"{shipped.category} (low confidence)" in said
     assert f"or perhaps {shipped.secondary.category}: from the words of the log alone" in said
     assert f"also {shipped.secondary.category}" not in said
+
+
+def test_the_replay_reproduces_a_rounds_blind_score():
+    # scripts/replay_diagnose_rounds.py judges a word model on a round's blind set with the
+    # engine frozen for it. Given round 8's engine (db302cb, which shipped this very model
+    # trained on the same corpus) and its thresholds, it must give round 8's blind score, scored
+    # once at the time: 48 of 61 (docs/diagnose.md).
+    from replay_diagnose_rounds import replay
+
+    if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", "db302cb^{commit}"]).returncode:
+        pytest.skip("needs the repository's history (a shallow clone lacks db302cb)")
+    got = replay(
+        "db302cb", ("fresh13", "fresh14"), {"words_min": 0.3, "words_override": 0.9, "words_second": 0.1}
+    )
+    assert (got["n"], got["shipped"], got["new"], got["new_unknown"]) == (61, 48, 48, 7)
+    assert got["rules"] == 48 and got["first_or_second"] >= 50
