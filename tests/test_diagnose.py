@@ -259,8 +259,8 @@ def test_a_signal_death_reads_as_memory_only_without_a_crash_report_and_with_mem
 
 
 def test_a_math_library_without_kernels_for_the_gpu_names_the_arch():
-    d = diagnose_file(FIXTURES / "fresh2" / "arch_unsupported-llamacpp-rocm-10.log")
-    assert d.category == "arch_unsupported"
+    d = diagnose_file(FIXTURES / "fresh2" / "arch_mismatch-llamacpp-rocm-10.log")
+    assert d.category == "arch_mismatch"  # at run time: the run-time side of the arch boundary
     assert "gfx1151" in d.hint and "rocBLAS" in d.hint
 
 

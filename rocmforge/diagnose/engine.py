@@ -1185,13 +1185,6 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
         )
     if category == "arch_unsupported":
         names = {h.signal.name for h in hits}
-        if "no-kernels-for-arch" in names:
-            gpu = arch or "this GPU's arch"
-            return (
-                f"{at}: the installed rocBLAS/hipBLASLt has no kernels for {gpu}: use a {rocm} (or a "
-                f"torch wheel) whose math libraries were built for {gpu}, or build them with {gpu} "
-                "in GPU_TARGETS; HSA_OVERRIDE_GFX_VERSION to a supported sibling is only a workaround"
-            )
         if "offload-arch-combination" in names:
             return (
                 f"{at}: clang refuses this mix of targets ({arch or 'the same processor'} with and "
@@ -1205,6 +1198,13 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             f"PYTORCH_ROCM_ARCH against what {rocm} supports (`python -m rocmforge arch`)"
         )
     if category == "arch_mismatch":
+        if "no-kernels-for-arch" in {h.signal.name for h in hits}:
+            gpu = arch or "this GPU's arch"
+            return (
+                f"{at}: the installed rocBLAS/hipBLASLt has no kernels for {gpu}: use a {rocm} (or a "
+                f"torch wheel) whose math libraries were built for {gpu}, or build them with {gpu} "
+                "in GPU_TARGETS; HSA_OVERRIDE_GFX_VERSION to a supported sibling is only a workaround"
+            )
         built = f" (this log mentions {', '.join(reading.archs[:4])})" if reading.archs else ""
         return (
             f"{at}: the binaries have no code object for the GPU that is running{built}{because}. Check the "
