@@ -33,6 +33,7 @@ ROUNDS = (
     ("7", "4964385", ("fresh11", "fresh12")),
     ("8", "db302cb", ("fresh13", "fresh14")),
     ("9", "c12bc15", ("fresh15", "fresh16")),
+    ("10", "e873089", ("fresh17", "fresh18")),
 )
 
 
