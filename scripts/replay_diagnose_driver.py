@@ -21,6 +21,39 @@ def excerpt(path: Path) -> tuple[str, str, bytes]:
     return source.decode().split(":", 1)[1].strip().lower(), category.decode().split(":", 1)[1].strip(), body
 
 
+def decide(
+    rules: object, outside: bool, failed: bool, ranked: list[tuple[str, float]], tuning: dict[str, float]
+) -> tuple[str, str | None]:
+    """This tree's ``engine.decide`` policy for the word model, on an old engine's rules-only answer.
+
+    The rules name nothing in a log that shows a failure (``failed``: a fatal error, a
+    consequence line or a fatal-looking line): the model's likeliest cause other than
+    ``unknown``, unless its own ``unknown`` reaches ``words_unknown``. The rules guess from a
+    shape (confidence ``low``): the model's likeliest cause replaces it from
+    ``words_override``. Second: the rules' own second cause, else the model's likeliest other
+    cause from ``words_second``. Kept in step with ``rocmforge.diagnose.engine.decide`` by hand:
+    a test runs both on the whole corpus.
+    """
+    answer = rules.category
+    probability = dict(ranked)
+    if not outside and ranked:
+        others = [(c, p) for c, p in ranked if c != "unknown"]
+        if (
+            answer == "unknown"
+            and failed
+            and others
+            and probability.get("unknown", 0.0) < tuning["words_unknown"]
+        ):
+            answer = others[0][0]
+        elif rules.confidence == "low" and ranked[0][0] not in ("unknown", answer):
+            answer = ranked[0][0] if ranked[0][1] >= tuning["words_override"] else answer
+    second = rules.secondary.category if rules.secondary is not None and answer == rules.category else None
+    if second is None and not outside:
+        others = [(c, p) for c, p in ranked if c not in ("unknown", answer)]
+        second = others[0][0] if others and others[0][1] >= tuning["words_second"] else None
+    return answer, second
+
+
 def main() -> None:
     old, new_words, blind_root, sets_arg, tuning_arg = sys.argv[1:6]
     sets, tuning = sets_arg.split(","), json.loads(tuning_arg)
@@ -44,23 +77,22 @@ def main() -> None:
 
     model = words.train([(thread, category, features(log)) for thread, category, log in train])
     off = dataclasses.replace(engine.TUNING, words_min=2.0, words_override=2.0)
-    new = dataclasses.replace(
-        engine.TUNING, words_min=tuning["words_min"], words_override=tuning["words_override"]
-    )
     out = {"rules": 0, "shipped": 0, "new": 0, "new_unknown": 0, "first_or_second": 0, "n": len(test)}
     for _, category, log in test:
-        out["rules"] += engine.decide(engine.read_chunks([log]), off).category == category
         out["shipped"] += engine.decide(engine.read_chunks([log])).category == category
         reading = engine.read_chunks([log])
-        d = engine.decide(reading, new, word_model=model)
-        second = d.secondary.category if d.secondary else None
-        if second is None and getattr(reading, "outside", None) is None:
-            # As engine.Tuning.words_second: the model's next likeliest cause, named second.
-            ranked = [(c, p) for c, p in model.rank(features(log)) if c not in (d.category, "unknown")]
-            second = ranked[0][0] if ranked and ranked[0][1] >= tuning["words_second"] else None
-        out["new"] += d.category == category
-        out["new_unknown"] += d.category == "unknown"
-        out["first_or_second"] += category in (d.category, second)
+        rules = engine.decide(reading, off)  # the old rules, no word model
+        out["rules"] += rules.category == category
+        outside = getattr(reading, "outside", None) is not None
+        failed = bool(
+            reading.first_error
+            or getattr(reading, "first_follow_up", None)
+            or getattr(reading, "fatal_lines", None)
+        )
+        answer, second = decide(rules, outside, failed, model.rank(features(log)), tuning)
+        out["new"] += answer == category
+        out["new_unknown"] += answer == "unknown"
+        out["first_or_second"] += category in (answer, second)
     print(json.dumps(out))
 
 

@@ -67,7 +67,7 @@ def replay(commit: str, sets: tuple[str, ...], tuning: dict[str, float]) -> dict
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--round", action="append", help="replay only this round (repeatable)")
-    for name in ("words_min", "words_override", "words_second"):
+    for name in ("words_unknown", "words_override", "words_second"):
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=float, metavar="P", help=f"instead of engine.Tuning.{name}")
     args = parser.parse_args()
@@ -75,7 +75,7 @@ def main() -> int:
     from rocmforge.diagnose.engine import TUNING
 
     tuning = {
-        k: getattr(args, k) or getattr(TUNING, k) for k in ("words_min", "words_override", "words_second")
+        k: getattr(args, k) or getattr(TUNING, k) for k in ("words_unknown", "words_override", "words_second")
     }
     total: dict[str, int] = {}
     print(f"thresholds: {tuning}")

@@ -26,6 +26,7 @@ from rocmforge.diagnose.engine import (
     RULES,
     SIGNALS,
     Diagnosis,
+    Tuning,
     body,
     decide,
     diagnose_file,
@@ -377,9 +378,11 @@ def test_a_compile_error_no_rule_knows_is_named_from_its_first_fatal_error(tmp_p
     assert d.evidence[0].line == first.line
     assert d.hint.startswith("most likely compiler_version, from the first fatal error alone (compiler)")
     assert f"If not: the compiler stopped at line {first.line}" in d.hint
-    # Without any fatal error there is nothing to guess from.
-    quiet = diagnose_text("bad.cpp:1:5: warning: unused variable 'x'\nninja: build stopped\n")
-    assert (quiet.category, quiet.confidence) == ("unknown", "none")
+    # Without any fatal error the shapes have nothing to guess from (the word model may still
+    # guess from the words of a log that failed: tests/test_diagnose_words.py).
+    quiet = "bad.cpp:1:5: warning: unused variable 'x'\nninja: build stopped\n"
+    rules_only = decide(read_chunks([quiet.encode()]), Tuning(words_unknown=0.0, words_second=2.0))
+    assert (rules_only.category, rules_only.confidence) == ("unknown", "none")
 
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
@@ -441,8 +444,9 @@ def test_a_first_fatal_error_whose_shape_names_the_cause_is_used_when_no_signal_
     d = diagnose_text("error: step 3 of 5 failed\nplugin library load error: no build for this runtime\n")
     assert (d.category, d.confidence, d.first_error.line) == ("missing_library_runtime", "low", 1)
     assert d.evidence[0].line == 2 and "from the fatal error at line 2 alone (loader)" in d.hint
-    # The compiler driver refusing before any source is compiled has many causes: no guess.
-    assert diagnose_text("clang-14: error: unable to execute command: ld.lld\n").category == "unknown"
+    # The compiler driver refusing before any source is compiled has many causes: no shape guess.
+    driver = read_chunks([b"clang-14: error: unable to execute command: ld.lld\n"])
+    assert decide(driver, Tuning(words_unknown=0.0)).category == "unknown"
 
 
 @pytest.mark.skipif(not shutil.which("cmake"), reason="needs cmake")

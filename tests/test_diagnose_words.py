@@ -96,7 +96,7 @@ def test_a_log_no_rule_names_gets_the_words_opinion_with_its_lines():
         "error: requested offload target gfx1201 is newer than this toolchain supports\n"
         "make: *** [Makefile:12: all] Error 2\n"
     )
-    plain = decide(read_chunks([log.encode()]), Tuning(words_min=2.0, words_override=2.0))
+    plain = decide(read_chunks([log.encode()]), Tuning(words_unknown=0.0, words_override=2.0))
     assert plain.category == "unknown"  # the rules alone
     arch = word_features(read_chunks([b"error: target gfx1201 is not supported by this toolchain\n"]))
     killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
@@ -110,8 +110,9 @@ def test_a_log_no_rule_names_gets_the_words_opinion_with_its_lines():
     assert "gfx#" in d.hint.split(")")[0] and "If not: " in d.hint
     assert d.evidence[0].line == 2 and "gfx1201" in d.evidence[0].text
     assert json.loads(json.dumps(d.to_json()))["confidence"] == "low"
-    # Below its threshold the guess is not the answer: unknown, with the guess named second.
-    unsure = decide(read_chunks([log.encode()]), Tuning(words_min=1.01), word_model=model)
+    # Where the words read as unexplained as the rules do, the guess is not the answer: unknown,
+    # with the guess named second (words_unknown=0: the words never answer for the rules).
+    unsure = decide(read_chunks([log.encode()]), Tuning(words_unknown=0.0), word_model=model)
     assert unsure.category == "unknown" and unsure.secondary.category == "arch_unsupported"
     assert unsure.secondary.basis == "words"
 
@@ -173,15 +174,41 @@ def test_the_terminal_says_a_words_guess_is_a_guess(tmp_path):
 
 def test_the_replay_reproduces_a_rounds_blind_score():
     # scripts/replay_diagnose_rounds.py judges a word model on a round's blind set with the
-    # engine frozen for it. Given round 8's engine (db302cb, which shipped this very model
-    # trained on the same corpus) and its thresholds, it must give round 8's blind score, scored
-    # once at the time: 48 of 61 (docs/diagnose.md).
+    # engine frozen for it. Round 8's engine (db302cb) as shipped must score what it scored once
+    # at the time, 48 of 61, its rules alone 48; with this tree's model and thresholds, what
+    # docs/diagnose.md reports for round 8 (46, 4 unknown, 50 first or second).
     from replay_diagnose_rounds import replay
+
+    from rocmforge.diagnose.engine import TUNING
 
     if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", "db302cb^{commit}"]).returncode:
         pytest.skip("needs the repository's history (a shallow clone lacks db302cb)")
-    got = replay(
-        "db302cb", ("fresh13", "fresh14"), {"words_min": 0.3, "words_override": 0.9, "words_second": 0.1}
-    )
-    assert (got["n"], got["shipped"], got["new"], got["new_unknown"]) == (61, 48, 48, 7)
-    assert got["rules"] == 48 and got["first_or_second"] >= 50
+    tuning = {k: getattr(TUNING, k) for k in ("words_unknown", "words_override", "words_second")}
+    got = replay("db302cb", ("fresh13", "fresh14"), tuning)
+    assert (got["n"], got["shipped"], got["rules"]) == (61, 48, 48)
+    assert (got["new"], got["new_unknown"], got["first_or_second"]) == (46, 4, 50)
+
+
+def test_the_replay_applies_the_engines_own_policy():
+    # The replay re-implements engine.decide's use of the word model on top of an old engine's
+    # rules-only answer; on every excerpt of the corpus, fed this engine's rules, it must answer
+    # what the engine answers (first and second cause).
+    from diagnose_eval import corpus
+    from replay_diagnose_driver import decide as replayed
+
+    from rocmforge.diagnose.engine import TUNING, shipped_words
+
+    tuning = {k: getattr(TUNING, k) for k in ("words_unknown", "words_override", "words_second")}
+    off = Tuning(words_unknown=0.0, words_override=2.0, words_second=2.0)
+    model = shipped_words()
+    for e in corpus():
+        reading = read_chunks([e.log()])
+        engine = decide(reading)
+        rules = decide(reading, off)
+        failed = bool(reading.first_error or reading.first_follow_up or reading.fatal_lines)
+        ranked = model.rank(word_features(reading))
+        answer, second = replayed(rules, reading.outside is not None, failed, ranked, tuning)
+        assert (answer, second) == (
+            engine.category,
+            engine.secondary.category if engine.secondary else None,
+        ), e.path

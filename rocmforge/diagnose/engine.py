@@ -814,13 +814,14 @@ class Tuning:
     at_first_error: float = 0.0
     same_family: float = 0.0
     window: int = 3
-    # The word model (diagnose/words.py) names the cause of a log the rules leave unknown when
-    # its probability reaches ``words_min``, and replaces a guess from the first fatal error's
-    # shape alone when it names another cause with ``words_override`` (above 1: never). Its
-    # likeliest other cause is named second (when the rules name no second cause) from
-    # ``words_second``. Chosen by replaying the blind rounds with the rules frozen as they were
-    # (scripts/replay_diagnose_rounds.py; docs/diagnose.md, rounds 8 and 9).
-    words_min: float = 0.2
+    # The word model (diagnose/words.py) names the cause of a log the rules leave unknown (its
+    # likeliest cause other than unknown) unless its own probability of ``unknown`` reaches
+    # ``words_unknown`` (0: never), and replaces a guess from the first fatal error's shape
+    # alone when it names another cause with ``words_override`` (above 1: never). Its likeliest
+    # other cause is named second (when the rules name no second cause) from ``words_second``.
+    # Chosen by replaying the blind rounds with the rules frozen as they were
+    # (scripts/replay_diagnose_rounds.py; docs/diagnose.md, rounds 8 to 10).
+    words_unknown: float = 0.7
     words_override: float = 0.9
     words_second: float = 0.1
 
@@ -918,6 +919,10 @@ class _Words:
             return None
         return self.opinion(*self.ranked[0])
 
+    def probability(self, category: str) -> float:
+        """The model's probability of ``category`` for this log (0 when it knows none of its words)."""
+        return next((p for c, p in self.ranked if c == category), 0.0)
+
     def runner_up(self, named: str, minimum: float) -> _Opinion | None:
         """The likeliest cause besides ``named`` and ``unknown``, if its probability reaches ``minimum``."""
         for category, p in self.ranked:
@@ -985,12 +990,20 @@ def decide(
         confidence = "low"
     said_by_words: _Opinion | None = None
     said = _Words(reading, word_model or shipped_words())
-    if (not ranked or confidence == "low") and not outside:
-        # The rules found no cause of their own: ask what the words of the log say.
+    failed = first is not None or reading.first_follow_up is not None or bool(reading.fatal_lines)
+    if not ranked and not outside and failed:
+        # The rules name nothing in a log that shows a failure: the words' likeliest cause,
+        # unless the words too read like the corpus's unexplained failures.
+        opinion = said.runner_up("unknown", 0.0)
+        if opinion is not None and said.probability("unknown") < tuning.words_unknown:
+            ranked, fallback, confidence = [opinion.category], opinion.hits, "low"
+            said_by_words = opinion
+    elif confidence == "low" and not outside:
+        # A guess from a fatal error's shape alone: the words replace it only when they name
+        # another cause, and surely.
         opinion = said.best()
-        # Over a shape's guess it must name another cause, with its own threshold.
-        needed = tuning.words_override if ranked else tuning.words_min
-        if opinion is not None and opinion.category not in ("unknown", *ranked) and opinion.p >= needed:
+        surely = opinion is not None and opinion.p >= tuning.words_override
+        if surely and opinion.category not in ("unknown", *ranked):
             ranked, fallback, confidence = [opinion.category], opinion.hits, "low"
             said_by_words = opinion
     if not ranked:
