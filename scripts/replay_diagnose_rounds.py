@@ -34,6 +34,7 @@ ROUNDS = (
     ("8", "db302cb", ("fresh13", "fresh14")),
     ("9", "c12bc15", ("fresh15", "fresh16")),
     ("10", "e873089", ("fresh17", "fresh18")),
+    ("11", "50f8148", ("fresh19", "fresh20")),
 )
 
 
@@ -74,9 +75,8 @@ def main() -> int:
     sys.path[:0] = [str(ROOT)]
     from rocmforge.diagnose.engine import TUNING
 
-    tuning = {
-        k: getattr(args, k) or getattr(TUNING, k) for k in ("words_unknown", "words_override", "words_second")
-    }
+    names = ("words_unknown", "words_override", "words_second")
+    tuning = {k: getattr(TUNING, k) if getattr(args, k) is None else getattr(args, k) for k in names}
     total: dict[str, int] = {}
     print(f"thresholds: {tuning}")
     for name, commit, sets in ROUNDS:
