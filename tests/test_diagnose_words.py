@@ -98,7 +98,7 @@ def test_a_log_no_rule_names_gets_the_words_opinion_with_its_lines():
     )
     plain = decide(read_chunks([log.encode()]), Tuning(words_unknown=0.0, words_override=2.0))
     assert plain.category == "unknown"  # the rules alone
-    arch = word_features(read_chunks([b"error: target gfx1201 is not supported by this toolchain\n"]))
+    arch = word_features(read_chunks([b"error: target gfx1201 is not supported by all of this toolchain\n"]))
     killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
     model = words.train(
         [(f"t#{i}", "arch_unsupported", arch) for i in (1, 2)]
@@ -109,6 +109,9 @@ def test_a_log_no_rule_names_gets_the_words_opinion_with_its_lines():
     assert d.hint.startswith("most likely arch_unsupported, from the words of the log alone (")
     assert "gfx#" in d.hint.split(")")[0] and "If not: " in d.hint
     assert d.evidence[0].line == 2 and "gfx1201" in d.evidence[0].text
+    # make's "Error 2" (line 3) repeats the failure: never evidence, and none of its words named.
+    named = d.hint.split("alone (", 1)[1].split(";", 1)[0].split(", ")
+    assert [e.line for e in d.evidence] == [2] and "gfx#" in named and "all" not in named
     assert json.loads(json.dumps(d.to_json()))["confidence"] == "low"
     # Where the words read as unexplained as the rules do, the guess is not the answer: unknown,
     # with the guess named second (words_unknown=0: the words never answer for the rules).

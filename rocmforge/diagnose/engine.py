@@ -894,13 +894,17 @@ class _Words:
         self.lines = word_lines(reading)
         self.features = word_features(reading, self.lines)
         self.ranked = model.rank(self.features)
+        # The lines that may be evidence (not consequences such as "make: *** [all] Error 2")
+        # and their words: the words the hint names must be on one of them.
+        self.shown = [(n, t) for n, t in self.lines if not _is_follow_up(t)]
+        self.shown_tokens = words.tokens(t for _, t in self.shown)
 
     def opinion(self, category: str, p: float) -> _Opinion:
         """``category`` as the model's answer: the words that speak for it and their lines."""
-        telling = [t for t in self.model.telling(self.features, category) if ":" not in t][:8]
+        telling = [t for t in self.model.telling(self.features, category) if t in self.shown_tokens][:8]
         sig = Signal("words", (), category, 0.0, _NOTHING)
         scored = []
-        for number, text in self.lines:
+        for number, text in self.shown:
             toks = words.tokens([text])
             n = sum(t in toks for t in telling)
             if n:
@@ -929,6 +933,12 @@ class _Words:
             if category not in (named, "unknown") and category in CATEGORIES:
                 return self.opinion(category, p) if p >= minimum else None
         return None
+
+
+def _is_follow_up(text: str) -> bool:
+    """A consequence line (``ninja: build stopped``, ``make: *** ... Error 1``): never evidence."""
+    low = text.lower()
+    return any(n in low for n in _FOLLOW_UP_NEEDLES) and _FOLLOW_UP.search(body(text)) is not None
 
 
 def _said_by_words(opinion: _Opinion, hint: str) -> str:
