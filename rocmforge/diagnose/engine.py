@@ -370,6 +370,17 @@ SIGNALS = RULES.signals
 _FOLLOW_UP_NEEDLES = RULES.follow_up_needles
 _FOLLOW_UP = RULES.follow_up
 
+
+def _is_follow_up(text: str, low: str | None = None) -> bool:
+    """A consequence line (``ninja: build stopped``, ``make: *** ... Error 1``): never evidence.
+
+    ``low``: the line in lower case, when already made (the needles come first: most lines
+    hold none of them, and only those that do are stripped of their prefix and matched).
+    """
+    low = text.lower() if low is None else low
+    return any(n in low for n in _FOLLOW_UP_NEEDLES) and _FOLLOW_UP.search(body(text)) is not None
+
+
 # What the facts and hints read off the log besides signals: the compilers and their versions,
 # the ROCm and torch versions, MAX_JOBS, the gfx targets. Each is looked for until it is found
 # (the archs: until 16 are found or 64 lines named some), so after the first few lines of a
@@ -508,13 +519,11 @@ class _Reading:
         self.seen[text] = found = []
         low = text.lower()
         self.note_facts(text, low)
+        if _is_follow_up(text, low):
+            if self.first_follow_up is None:
+                self.first_follow_up = (number, text)
+            return
         core = None
-        if any(n in low for n in _FOLLOW_UP_NEEDLES):
-            core = body(text)
-            if _FOLLOW_UP.search(core):
-                if self.first_follow_up is None:
-                    self.first_follow_up = (number, text)
-                return
         if len(self.fatal_lines) < words.FATAL_LINES and _FATAL_AC.find_matches_as_indexes(low.encode()):
             self.fatal_lines.append((number, text))
         first = self.first_error
@@ -894,18 +903,17 @@ class _Words:
         self.lines = word_lines(reading)
         self.features = word_features(reading, self.lines)
         self.ranked = model.rank(self.features)
-        # The lines that may be evidence (not consequences such as "make: *** [all] Error 2")
-        # and their words: the words the hint names must be on one of them.
-        self.shown = [(n, t) for n, t in self.lines if not _is_follow_up(t)]
-        self.shown_tokens = words.tokens(t for _, t in self.shown)
+        # The lines that may be evidence (not consequences such as "make: *** [all] Error 2"),
+        # each with its words: the words the hint names must be on one of them.
+        self.shown = [(n, t, words.tokens([t])) for n, t in self.lines if not _is_follow_up(t)]
+        self.shown_tokens = frozenset().union(*(toks for _, _, toks in self.shown))
 
     def opinion(self, category: str, p: float) -> _Opinion:
         """``category`` as the model's answer: the words that speak for it and their lines."""
         telling = [t for t in self.model.telling(self.features, category) if t in self.shown_tokens][:8]
         sig = Signal("words", (), category, 0.0, _NOTHING)
         scored = []
-        for number, text in self.shown:
-            toks = words.tokens([text])
+        for number, text, toks in self.shown:
             n = sum(t in toks for t in telling)
             if n:
                 scored.append((-n, number, text))
@@ -933,12 +941,6 @@ class _Words:
             if category not in (named, "unknown") and category in CATEGORIES:
                 return self.opinion(category, p) if p >= minimum else None
         return None
-
-
-def _is_follow_up(text: str) -> bool:
-    """A consequence line (``ninja: build stopped``, ``make: *** ... Error 1``): never evidence."""
-    low = text.lower()
-    return any(n in low for n in _FOLLOW_UP_NEEDLES) and _FOLLOW_UP.search(body(text)) is not None
 
 
 def _said_by_words(opinion: _Opinion, hint: str) -> str:
