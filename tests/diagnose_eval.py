@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # Run as a script from the checkout: make ``rocmforge`` importable without installing it.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -173,6 +174,12 @@ class Report:
         return (tp / predicted if predicted else None, tp / actual if actual else None, actual)
 
 
+def answers(diagnosis: Any) -> tuple[str, str | None]:
+    """A diagnosis's first cause and its second (or None), as :func:`score` counts them."""
+    second = diagnosis.secondary
+    return diagnosis.category, second.category if second is not None else None
+
+
 def score(
     items: Sequence[Excerpt], classify: Callable[[Path], str | tuple[str, str | None]] | None = None
 ) -> Report:
@@ -184,8 +191,7 @@ def score(
         from rocmforge.diagnose.engine import diagnose_text
 
         def classify(path: Path) -> tuple[str, str | None]:
-            d = diagnose_text(excerpt_log(path).decode("utf-8", "surrogateescape"))
-            return d.category, d.secondary.category if d.secondary else None
+            return answers(diagnose_text(excerpt_log(path).decode("utf-8", "surrogateescape")))
 
     report = Report()
     for e in items:
@@ -290,8 +296,7 @@ def rule_cross_validate(
             reading = copy(readings[path])
             reading.hits = {n: h for n, h in reading.hits.items() if n not in gone}
             reading.counts = {n: c for n, c in reading.counts.items() if n not in gone}
-            d = decide(reading, tuning or TUNING, word_model=model)
-            return d.category, d.secondary.category if d.secondary else None
+            return answers(decide(reading, tuning or TUNING, word_model=model))
 
         reports.append(score(held, classify))
     return reports, dropped
