@@ -467,19 +467,38 @@ def test_cmake_missing_a_package_is_a_rocm_cause_only_for_a_rocm_package(tmp_pat
         assert [e.line for e in d.evidence] == [d.first_error.line, d.first_error.line + 1]
 
 
-def test_a_first_fatal_error_outside_every_category_is_unknown_whatever_comes_after():
-    # A full disk makes every later step fail too (here a CMake error, whose shape alone would
-    # guess cmake_hip_not_found): the answer is unknown, with the disk's next step, and the words
-    # of the log are not asked for a cause.
+@pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
+def test_a_full_disk_is_the_cause_whatever_fails_after_it(tmp_path):
+    # /dev/full answers every write with ENOSPC: the real g++ and its assembler fail the way they
+    # do on a full /tmp. A CMake error that follows is its consequence, not a second cause.
+    (tmp_path / "k.cpp").write_text("int main() { return 0; }\n")
+    out = _run(["g++", "-c", "k.cpp", "-o", "/dev/full"], cwd=tmp_path)
     log = (
-        "/tmp/k.cu.stub.c:1046:27: fatal error: error writing to /tmp/cc2m.s: No space left on device\n"
-        "compilation terminated.\n"
+        out
+        + "CMake Error at THC_generated_THCTensorTopK.cu.o.cmake:267 (message):\n  Error generating file\n"
+    )
+    d = diagnose_text(log)
+    assert (d.category, d.confidence) == ("disk_full", "high"), log
+    assert "No space left on device" in d.evidence[0].text and d.first_error.family == "other"
+    assert "df -h" in d.hint
+    assert d.secondary is None or d.secondary.category != "cmake_hip_not_found"
+    assert (
+        diagnose_text(_run(["g++", "-S", "k.cpp", "-o", "/dev/full"], cwd=tmp_path)).category == "disk_full"
+    )
+
+
+def test_a_first_fatal_error_outside_every_category_is_unknown_whatever_comes_after():
+    # A GPU memory fault in a running program lies outside every category; what fails after it
+    # (here a CMake error, whose shape alone would guess cmake_hip_not_found) is its consequence:
+    # the answer is unknown, with the fault's next step, and the words of the log are not asked.
+    log = (
+        "Memory access fault by GPU node-1 (Agent handle: 0x55f8) on address 0x7f2a.\n"
         "CMake Error at THC_generated_THCTensorTopK.cu.o.cmake:267 (message):\n"
         "  Error generating file\n"
     )
     d = diagnose_text(log)
     assert (d.category, d.confidence, d.first_error.line) == ("unknown", "none", 1)
-    assert "the disk filled up at line 1" in d.hint and "df -h" in d.hint
+    assert "AMD_SERIALIZE_KERNEL=3" in d.hint
     features = word_features(read_chunks([log.encode()]))
     killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
     model = words.train(
@@ -491,12 +510,12 @@ def test_a_first_fatal_error_outside_every_category_is_unknown_whatever_comes_af
     d = decide(read_chunks([log.encode()]), word_model=model)
     assert d.category == "unknown" and d.secondary is None  # not even as a second guess
     # A rule for the very phenomenon still names its cause (a later run without a code object).
-    later = "OSError: [Errno 28] No space left on device\nHIP error: invalid device function\n"
+    later = "Memory access fault by GPU node-1 (Agent handle: 0x1)\nHIP error: invalid device function\n"
     assert diagnose_text(later).category == "arch_mismatch"
-    # Only the first fatal error decides: a full disk after a failed import changes nothing.
-    after = "ImportError: libf.so: cannot open shared object file\nOSError: No space left on device\n"
+    # Only the first fatal error decides: a GPU fault after a failed import changes nothing.
+    after = "ImportError: libf.so: cannot open shared object file\nMemory access fault by GPU node-1\n"
     assert diagnose_text(after).category == "missing_library_runtime"
-    # A warning made an error by -Werror and a GPU memory fault are outside too.
+    # A warning made an error by -Werror is outside too, and so is a fault on its own.
     werror = diagnose_text("/src/a.cc:30:41: error: unused variable 'c' [-Werror=unused-variable]\n")
     assert (werror.category, werror.first_error.family) == ("unknown", "compiler")
     assert "-Wno-error" in werror.hint

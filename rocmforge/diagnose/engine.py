@@ -1422,6 +1422,13 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
             "project's hipify step first (PyTorch: python tools/amd_build/build_amd.py; extensions: "
             "torch.utils.hipify via BuildExtension) on a clean tree"
         )
+    if category == "disk_full":
+        return (
+            f"{at}: the disk filled up, and every later error follows from it. Free space where the "
+            "build and its temporary files go (`df -h` on the build directory and on TMPDIR, usually "
+            "/tmp; `docker system df` for images), or point TMPDIR and the build directory at a "
+            "larger disk, then rebuild; a PyTorch build for ROCm needs tens of GB"
+        )
     if category == "network_fetch":
         url = _detail(hits, "url")
         where = f" {url}" if url else ""
