@@ -1426,8 +1426,8 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
         return (
             f"{at}: the disk filled up, and every later error follows from it. Free space where the "
             "build and its temporary files go (`df -h` on the build directory and on TMPDIR, usually "
-            "/tmp; `docker system df` for images), or point TMPDIR and the build directory at a "
-            "larger disk, then rebuild; a PyTorch build for ROCm needs tens of GB"
+            "/tmp; `docker system df` for images), or point TMPDIR and build.work_dir at a larger "
+            "disk, then rebuild; `python -m rocmforge doctor` checks the space before a build"
         )
     if category == "network_fetch":
         url = _detail(hits, "url")
