@@ -35,6 +35,7 @@ ROUNDS = (
     ("9", "c12bc15", ("fresh15", "fresh16")),
     ("10", "e873089", ("fresh17", "fresh18")),
     ("11", "50f8148", ("fresh19", "fresh20")),
+    ("12", "f7b8e4a", ("fresh21", "fresh22", "fresh23")),
 )
 
 
