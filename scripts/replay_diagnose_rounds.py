@@ -36,6 +36,7 @@ ROUNDS = (
     ("10", "e873089", ("fresh17", "fresh18")),
     ("11", "50f8148", ("fresh19", "fresh20")),
     ("12", "f7b8e4a", ("fresh21", "fresh22", "fresh23")),
+    ("13", "725916b", ("fresh24", "fresh25")),
 )
 
 
