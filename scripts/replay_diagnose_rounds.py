@@ -37,6 +37,7 @@ ROUNDS = (
     ("11", "50f8148", ("fresh19", "fresh20")),
     ("12", "f7b8e4a", ("fresh21", "fresh22", "fresh23")),
     ("13", "725916b", ("fresh24", "fresh25")),
+    ("14", "819fe30", ("fresh26", "fresh27", "fresh28", "fresh29")),
 )
 
 
