@@ -38,6 +38,7 @@ ROUNDS = (
     ("12", "f7b8e4a", ("fresh21", "fresh22", "fresh23")),
     ("13", "725916b", ("fresh24", "fresh25")),
     ("14", "819fe30", ("fresh26", "fresh27", "fresh28", "fresh29")),
+    ("15", "567d3d0", ("fresh30", "fresh31", "fresh32", "fresh33")),
 )
 
 
