@@ -364,21 +364,22 @@ def test_hipcc_with_a_bad_arch(tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
-def test_a_compile_error_no_rule_knows_is_unknown_with_its_first_fatal_error(tmp_path):
-    # No rule knows this wording, and a compile error's shape has no likely cause of its own (the
-    # source's own bug as often as another compiler: docs/diagnose.md, round 14): with the word
-    # model silent the answer is unknown, with the first fatal error and the compiler's next step.
+def test_a_compile_error_no_rule_knows_is_named_from_its_first_fatal_error(tmp_path):
+    # No rule knows this wording: the shape of the first fatal error (a source line the
+    # compiler rejects) names the likeliest cause, with low confidence, and keeps the next step.
     (tmp_path / "bad.cpp").write_text("int main() { return undeclared_name; }\n")
     out = _run(["g++", "-c", "bad.cpp", "-o", "bad.o"], cwd=tmp_path)
     log = "[1/2] Building CXX object bad.o\n" + out + "ninja: build stopped: subcommand failed.\n"
-    d = decide(read_chunks([log.encode()]), Tuning(words_unknown=0.0, words_second=2.0))
-    assert (d.category, d.confidence) == ("unknown", "none"), log
+    d = diagnose_text(log)
+    assert (d.category, d.confidence) == ("compiler_version", "low"), log
     first = d.first_error
     assert first.family == "compiler" and "undeclared_name" in first.text
     assert log.splitlines()[first.line - 1] == first.text  # the line number is the log's
     assert d.evidence[0].line == first.line
-    assert f"the compiler stopped at line {first.line}" in d.hint
-    # Without any fatal error there is not even that to give.
+    assert d.hint.startswith("most likely compiler_version, from the first fatal error alone (compiler)")
+    assert f"If not: the compiler stopped at line {first.line}" in d.hint
+    # Without any fatal error the shapes have nothing to guess from (the word model may still
+    # guess from the words of a log that failed: tests/test_diagnose_words.py).
     quiet = "bad.cpp:1:5: warning: unused variable 'x'\nninja: build stopped\n"
     rules_only = decide(read_chunks([quiet.encode()]), Tuning(words_unknown=0.0, words_second=2.0))
     assert (rules_only.category, rules_only.confidence) == ("unknown", "none")
