@@ -90,8 +90,8 @@ def main() -> None:
     off = dataclasses.replace(engine.TUNING, **{k: v for k, v in never.items() if k in fields})
     out = {"rules": 0, "shipped": 0, "new": 0, "new_unknown": 0, "first_or_second": 0, "n": len(test)}
     for _, category, log in test:
-        out["shipped"] += engine.decide(engine.read_chunks([log])).category == category
-        reading = engine.read_chunks([log])
+        reading = engine.read_chunks([log])  # read once: decide does not change a reading
+        out["shipped"] += engine.decide(reading).category == category
         rules = engine.decide(reading, off)  # the old rules, no word model
         out["rules"] += rules.category == category
         outside = getattr(reading, "outside", None) is not None
@@ -100,7 +100,8 @@ def main() -> None:
             or getattr(reading, "first_follow_up", None)
             or getattr(reading, "fatal_lines", None)
         )
-        answer, second = decide(rules, outside, failed, model.rank(features(log)), tuning)
+        ranked = model.rank(engine.word_features(reading))
+        answer, second = decide(rules, outside, failed, ranked, tuning)
         out["new"] += answer == category
         out["new_unknown"] += answer == "unknown"
         out["first_or_second"] += category in (answer, second)

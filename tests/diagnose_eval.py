@@ -166,6 +166,17 @@ class Report:
     def unknown_rate(self) -> float:
         return self.unknown / max(self.total, 1)
 
+    def __add__(self, other: Report) -> Report:
+        """Two reports as one (sets scored apart, counted together)."""
+        return Report(
+            self.total + other.total,
+            self.correct + other.correct,
+            self.unknown + other.unknown,
+            self.second + other.second,
+            self.confusion + other.confusion,
+            self.misses + other.misses,
+        )
+
     def precision_recall(self, category: str) -> tuple[float | None, float | None, int]:
         """(precision, recall, support) of one category; None where nothing to divide by."""
         tp = self.confusion[(category, category)]
@@ -188,10 +199,10 @@ def score(
     ``classify`` gives the category, or the category and the secondary cause (or None).
     """
     if classify is None:
-        from rocmforge.diagnose.engine import diagnose_text
+        from rocmforge.diagnose.engine import decide, read_chunks
 
         def classify(path: Path) -> tuple[str, str | None]:
-            return answers(diagnose_text(excerpt_log(path).decode("utf-8", "surrogateescape")))
+            return answers(decide(read_chunks([excerpt_log(path)])))
 
     report = Report()
     for e in items:
@@ -233,11 +244,19 @@ def cross_validate(items: Sequence[Excerpt], k: int) -> tuple[list[Report], list
     return reports, chosen
 
 
-def word_documents(items: Sequence[Excerpt]) -> list[tuple[str, str, frozenset[str]]]:
-    """``(thread, category, tokens)`` of each excerpt, read as the engine reads a log."""
+def word_documents(
+    items: Sequence[Excerpt], readings: dict[Path, object] | None = None
+) -> list[tuple[str, str, frozenset[str]]]:
+    """``(thread, category, tokens)`` of each excerpt, read as the engine reads a log.
+
+    ``readings``: each excerpt's ``read_chunks`` result, when already made.
+    """
     from rocmforge.diagnose.engine import read_chunks, word_features
 
-    return [(e.thread, e.category, word_features(read_chunks([e.log()]))) for e in items]
+    return [
+        (e.thread, e.category, word_features(readings[e.path] if readings else read_chunks([e.log()])))
+        for e in items
+    ]
 
 
 def train_words(items: Sequence[Excerpt]) -> object:
@@ -278,11 +297,11 @@ def rule_cross_validate(
     from copy import copy
 
     from rocmforge.diagnose import words
-    from rocmforge.diagnose.engine import TUNING, decide, read_chunks, word_features
+    from rocmforge.diagnose.engine import TUNING, decide, read_chunks
 
     # Each excerpt is read once; the folds filter and train on these.
     readings = {e.path: read_chunks([e.log()]) for e in items}
-    documents = {e.path: (e.thread, e.category, word_features(readings[e.path])) for e in items}
+    documents = dict(zip((e.path for e in items), word_documents(items, readings), strict=True))
     support = rule_support(items, readings)
     reports, dropped = [], []
     parts = folds(items, k)
@@ -341,10 +360,11 @@ def print_report(name: str, report: Report, *, details: bool) -> None:
 def _print_folds(kind: str, reports: Sequence[Report], labels: Sequence[str]) -> None:
     for i, (r, label) in enumerate(zip(reports, labels, strict=True)):
         print_report(f"fold {i} ({label})", r, details=False)
-    total = sum(r.total for r in reports)
-    right = sum(r.correct for r in reports)
-    unknown = sum(r.unknown for r in reports)
-    print(f"{kind}: {right}/{total} = {right / total:.1%} right cause, {unknown / total:.1%} unknown")
+    all_ = sum(reports, Report())
+    print(
+        f"{kind}: {all_.correct}/{all_.total} = {all_.accuracy:.1%} right cause, "
+        f"{all_.unknown_rate:.1%} unknown"
+    )
 
 
 def main() -> None:
@@ -387,11 +407,11 @@ def main() -> None:
             sets[name] = corpus(only=name)
             if not sets[name]:
                 sys.exit(f"--blind {name}: no excerpts in {FIXTURES / name}")
-        for name, items in sets.items():
-            print_report(f"blind {name}", score(items), details=False)
+        reports = {name: score(items) for name, items in sets.items()}
+        for name, report in reports.items():
+            print_report(f"blind {name}", report, details=False)
         if len(sets) > 1 or args.report:
-            together = [e for items in sets.values() for e in items]
-            print_report(f"blind {' + '.join(sets)}", score(together), details=args.report)
+            print_report(f"blind {' + '.join(sets)}", sum(reports.values(), Report()), details=args.report)
         return
     if args.stats:
         items = corpus(exclude=exclude)
