@@ -39,6 +39,7 @@ ROUNDS = (
     ("13", "725916b", ("fresh24", "fresh25")),
     ("14", "819fe30", ("fresh26", "fresh27", "fresh28", "fresh29")),
     ("15", "567d3d0", ("fresh30", "fresh31", "fresh32", "fresh33")),
+    ("16", "6b9ce70", ("fresh34", "fresh35", "fresh36", "fresh37")),
 )
 
 
