@@ -29,8 +29,9 @@ def decide(
     The rules name nothing in a log that shows a failure (``failed``: a fatal error, a
     consequence line or a fatal-looking line): the model's likeliest cause other than
     ``unknown``, unless its own ``unknown`` reaches ``words_unknown``. The rules guess from a
-    shape (confidence ``low``): the model's likeliest cause replaces it from
-    ``words_override``. Second: the rules' own second cause, else the model's likeliest other
+    shape (confidence ``low``): ``unknown`` (the guess second) when the model's likeliest class
+    is ``unknown`` from ``words_unknown_shape``, else the model's likeliest cause replaces it
+    from ``words_override``. Second: the rules' own second cause, else the model's likeliest other
     cause from ``words_second``. Kept in step with ``rocmforge.diagnose.engine.decide`` by hand:
     a test runs both on the whole corpus.
     """
@@ -45,7 +46,10 @@ def decide(
             and probability.get("unknown", 0.0) < tuning["words_unknown"]
         ):
             answer = others[0][0]
-        elif rules.confidence == "low" and ranked[0][0] not in ("unknown", answer):
+        elif rules.confidence == "low" and ranked[0][0] == "unknown":
+            if ranked[0][1] >= tuning["words_unknown_shape"]:
+                return "unknown", answer  # the shape's guess, named second
+        elif rules.confidence == "low" and ranked[0][0] != answer:
             answer = ranked[0][0] if ranked[0][1] >= tuning["words_override"] else answer
     second = rules.secondary.category if rules.secondary is not None and answer == rules.category else None
     if second is None and not outside:
@@ -86,7 +90,13 @@ def main() -> None:
     model = words.train([(thread, category, features(log)) for thread, category, log in train])
     # The word model off, in each engine's own terms (its Tuning fields changed over the rounds).
     fields = {f.name for f in dataclasses.fields(engine.TUNING)}
-    never = {"words_min": 2.0, "words_unknown": 0.0, "words_override": 2.0, "words_second": 2.0}
+    never = {
+        "words_min": 2.0,
+        "words_unknown": 0.0,
+        "words_override": 2.0,
+        "words_second": 2.0,
+        "words_unknown_shape": 2.0,
+    }
     off = dataclasses.replace(engine.TUNING, **{k: v for k, v in never.items() if k in fields})
     out = {"rules": 0, "shipped": 0, "new": 0, "new_unknown": 0, "first_or_second": 0, "n": len(test)}
     for _, category, log in test:

@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "diagnose"
 # (round, the commit its blind sets were scored on, the sets) — docs/diagnose.md gives each.
+# engine.Tuning's thresholds of the word model, which the replay applies (each may be given).
+NAMES = ("words_unknown", "words_override", "words_second", "words_unknown_shape")
 ROUNDS = (
     ("4", "55b9348", ("fresh7", "fresh8")),
     ("5", "5c1a180", ("fresh9", "fresh10")),
@@ -73,15 +75,14 @@ def replay(commit: str, sets: tuple[str, ...], tuning: dict[str, float]) -> dict
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--round", action="append", help="replay only this round (repeatable)")
-    for name in ("words_unknown", "words_override", "words_second"):
+    for name in NAMES:
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=float, metavar="P", help=f"instead of engine.Tuning.{name}")
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT)]
     from rocmforge.diagnose.engine import TUNING
 
-    names = ("words_unknown", "words_override", "words_second")
-    tuning = {k: getattr(TUNING, k) if getattr(args, k) is None else getattr(args, k) for k in names}
+    tuning = {k: getattr(TUNING, k) if getattr(args, k) is None else getattr(args, k) for k in NAMES}
     total: dict[str, int] = {}
     print(f"thresholds: {tuning}")
     for name, commit, sets in ROUNDS:

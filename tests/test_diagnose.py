@@ -370,7 +370,12 @@ def test_a_compile_error_no_rule_knows_is_named_from_its_first_fatal_error(tmp_p
     (tmp_path / "bad.cpp").write_text("int main() { return undeclared_name; }\n")
     out = _run(["g++", "-c", "bad.cpp", "-o", "bad.o"], cwd=tmp_path)
     log = "[1/2] Building CXX object bad.o\n" + out + "ninja: build stopped: subcommand failed.\n"
-    d = diagnose_text(log)
+    # The rules and the shapes alone (the word model may make it unknown, the guess second:
+    # tests/test_diagnose_words.py); the shipped engine names the guess first or second.
+    shipped = diagnose_text(log)
+    named = [shipped.category, shipped.secondary.category if shipped.secondary else None]
+    assert "compiler_version" in named and shipped.category in ("compiler_version", "unknown")
+    d = decide(read_chunks([log.encode()]), Tuning(words_unknown_shape=2.0, words_override=2.0))
     assert (d.category, d.confidence) == ("compiler_version", "low"), log
     first = d.first_error
     assert first.family == "compiler" and "undeclared_name" in first.text
