@@ -42,6 +42,7 @@ ROUNDS = (
     ("14", "819fe30", ("fresh26", "fresh27", "fresh28", "fresh29")),
     ("15", "567d3d0", ("fresh30", "fresh31", "fresh32", "fresh33")),
     ("16", "6b9ce70", ("fresh34", "fresh35", "fresh36", "fresh37")),
+    ("17", "bf89060", ("fresh38", "fresh39", "fresh40", "fresh41")),
 )
 
 
