@@ -133,18 +133,21 @@ def test_word_lines_are_the_first_fatal_lines_and_the_tail_of_a_long_log():
     assert [n for n, _ in got[1:]] == list(range(100_002 - words.TAIL_LINES + 1, 100_003))
 
 
+def _taught(log: str, *labels: str) -> tuple[frozenset[str], words.WordModel]:
+    """The features of ``log`` and a model taught them once per label (a thread each), and two
+    compiler kills as ``oom_compiler`` (a model needs a second class)."""
+    features = word_features(read_chunks([log.encode()]))
+    killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
+    taught = [(f"t#{i}", label, features) for i, label in enumerate(labels)]
+    return features, words.train(taught + [(f"k#{i}", "oom_compiler", killed) for i in (1, 2)])
+
+
 def test_the_words_next_likeliest_cause_is_named_second_as_a_guess():
     # The rules name compiler_version from the error's shape; the words of such logs were as
     # often an arch problem: that is named second, marked as the words' guess, with its lines,
     # in the JSON ("basis": "words") and on the terminal ("or perhaps").
     log = "error: unknown type name '__hip_bfloat16'\n1 error generated when compiling for gfx942.\n"
-    features = word_features(read_chunks([log.encode()]))
-    killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
-    model = words.train(
-        [(f"t#{i}", "compiler_version", features) for i in (1, 2, 3)]
-        + [("t#4", "arch_unsupported", features)]
-        + [(f"t#{i}", "oom_compiler", killed) for i in (5, 6)]
-    )
+    features, model = _taught(log, *["compiler_version"] * 3, "arch_unsupported")
     (first, _), (second, p2) = model.rank(features)[:2]
     assert (first, second) == ("compiler_version", "arch_unsupported") and p2 >= 0.1
     d = decide(read_chunks([log.encode()]), word_model=model)
@@ -191,12 +194,7 @@ def test_a_shape_guess_gives_way_when_the_words_read_like_no_category():
     # with failures outside every category (a project's own source bug) makes the answer unknown,
     # the shape's guess named second with its line; with the threshold above 1 the guess stands.
     log = "src/foo.cpp:12:3: error: no member named 'frob' in 'Widget'\n1 error generated.\n"
-    own_bug = word_features(read_chunks([log.encode()]))
-    killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
-    model = words.train(
-        [(f"t#{i}", "unknown", own_bug) for i in (1, 2, 3)]
-        + [(f"t#{i}", "oom_compiler", killed) for i in (4, 5)]
-    )
+    own_bug, model = _taught(log, "unknown", "unknown", "unknown")
     assert model.rank(own_bug)[0][0] == "unknown"
     plain = decide(read_chunks([log.encode()]), Tuning(words_unknown_shape=2.0), word_model=model)
     assert (plain.category, plain.confidence) == ("compiler_version", "low")
