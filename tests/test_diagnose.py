@@ -24,6 +24,7 @@ from rocmforge.diagnose.engine import (
     CATEGORIES,
     RETRYABLE,
     RULES,
+    RULES_ONLY,
     SIGNALS,
     Diagnosis,
     Tuning,
@@ -375,7 +376,7 @@ def test_a_compile_error_no_rule_knows_is_named_from_its_first_fatal_error(tmp_p
     shipped = diagnose_text(log)
     named = [shipped.category, shipped.secondary.category if shipped.secondary else None]
     assert "compiler_version" in named and shipped.category in ("compiler_version", "unknown")
-    d = decide(read_chunks([log.encode()]), Tuning(words_unknown_shape=2.0, words_override=2.0))
+    d = decide(read_chunks([log.encode()]), RULES_ONLY)
     assert (d.category, d.confidence) == ("compiler_version", "low"), log
     first = d.first_error
     assert first.family == "compiler" and "undeclared_name" in first.text
@@ -386,7 +387,7 @@ def test_a_compile_error_no_rule_knows_is_named_from_its_first_fatal_error(tmp_p
     # Without any fatal error the shapes have nothing to guess from (the word model may still
     # guess from the words of a log that failed: tests/test_diagnose_words.py).
     quiet = "bad.cpp:1:5: warning: unused variable 'x'\nninja: build stopped\n"
-    rules_only = decide(read_chunks([quiet.encode()]), Tuning(words_unknown=0.0, words_second=2.0))
+    rules_only = decide(read_chunks([quiet.encode()]), RULES_ONLY)
     assert (rules_only.category, rules_only.confidence) == ("unknown", "none")
 
 
@@ -398,7 +399,7 @@ def test_a_link_error_no_rule_knows_is_named_from_its_shape(tmp_path):
     (tmp_path / "main.c").write_text("int helper(void);\nint main(void) { return helper(); }\n")
     out = _run(["gcc", "main.c", "-o", "main"], cwd=tmp_path)
     log = "[2/2] Linking C executable main\n" + out + "ninja: build stopped: subcommand failed.\n"
-    d = decide(read_chunks([log.encode()]), Tuning(words_unknown=0.0, words_override=2.0, words_second=2.0))
+    d = decide(read_chunks([log.encode()]), RULES_ONLY)
     assert (d.category, d.confidence) == ("link_flags", "low"), log
     assert d.first_error.family == "linker" and "helper" in d.first_error.text
     assert d.hint.startswith("most likely link_flags, from the first fatal error alone (linker)")

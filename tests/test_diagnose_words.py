@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from rocmforge.diagnose import words
-from rocmforge.diagnose.engine import Tuning, decide, diagnose_text, read_chunks, word_features, word_lines
+from rocmforge.diagnose.engine import (
+    RULES_ONLY,
+    Tuning,
+    decide,
+    diagnose_text,
+    read_chunks,
+    word_features,
+    word_lines,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tests")]
@@ -96,7 +104,7 @@ def test_a_log_no_rule_names_gets_the_words_opinion_with_its_lines():
         "error: requested offload target gfx1201 is newer than this toolchain supports\n"
         "make: *** [Makefile:12: all] Error 2\n"
     )
-    plain = decide(read_chunks([log.encode()]), Tuning(words_unknown=0.0, words_override=2.0))
+    plain = decide(read_chunks([log.encode()]), RULES_ONLY)
     assert plain.category == "unknown"  # the rules alone
     arch = word_features(read_chunks([b"error: target gfx1201 is not supported by all of this toolchain\n"]))
     killed = word_features(read_chunks([b"c++: fatal error: Killed signal terminated program cc1plus\n"]))
@@ -236,12 +244,11 @@ def test_the_replay_applies_the_engines_own_policy():
     from rocmforge.diagnose.engine import TUNING, shipped_words
 
     tuning = {k: getattr(TUNING, k) for k in NAMES}
-    off = Tuning(words_unknown=0.0, words_override=2.0, words_second=2.0, words_unknown_shape=2.0)
     model = shipped_words()
     for e in corpus():
         reading = read_chunks([e.log()])
         engine = decide(reading)
-        rules = decide(reading, off)
+        rules = decide(reading, RULES_ONLY)
         failed = bool(reading.first_error or reading.first_follow_up or reading.fatal_lines)
         ranked = model.rank(word_features(reading))
         answer, second = replayed(rules, reading.outside is not None, failed, ranked, tuning)

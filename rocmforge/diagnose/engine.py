@@ -847,6 +847,9 @@ class Tuning:
 
 
 TUNING = Tuning()
+# The word model silent: the rules and the first fatal error's shape alone (the evaluation's and
+# the replay's "rules alone", and tests that must not move with the shipped model).
+RULES_ONLY = Tuning(words_unknown=0.0, words_override=2.0, words_second=2.0, words_unknown_shape=2.0)
 _NOTHING = re.compile(r"(?!)")  # the pattern of a cause named from the first fatal error alone
 # The values cross-validation chooses among (tests/diagnose_eval.py --cv); the default first,
 # so that a tie keeps it.
@@ -1028,7 +1031,6 @@ def decide(
         opinion = said.best()
         if opinion is not None and opinion.category == "unknown" and opinion.p >= tuning.words_unknown_shape:
             assert shaped is not None  # a low confidence rests on the shape
-            step = RULES.next_steps[shaped.family].format(line=shaped.line)
             hint = f"a guess from the fatal error at line {shaped.line} alone ({shaped.family}): "
             hint += _hint(ranked[0], fallback, reading, None)
             return _unknown(reading, Cause(ranked[0], hint, _evidence(fallback), basis="shape"))
