@@ -103,8 +103,11 @@ def test_family_signal_names_its_category_from_each_wording_alone(sig):
 # CMakeLists.txt and platforms/rocm.py, torch's cpp_extension.py, Triton's driver, aiter's JIT):
 # the first line a user of a failed build sees, so each must name its cause alone, not by shape.
 UPSTREAM_LINES = [
-    ("RuntimeError: The current installed version of g++ (14.2.0) is greater than the maximum required"
-     " version by CUDA 12.4. Please make sure to use an adequate version of g++ (>=6.0.0, <14.0).", "compiler_version"),
+    (
+        "RuntimeError: The current installed version of g++ (14.2.0) is greater than the maximum required"
+        " version by CUDA 12.4. Please make sure to use an adequate version of g++ (>=6.0.0, <14.0).",
+        "compiler_version",
+    ),
     ("  GCC >= 11.3 is required to build vLLM (found 10.2.1).  PyTorch's C++20", "compiler_version"),
     ("  X86 backend requires gcc/g++ >= 12.3", "compiler_version"),
     ("ValueError: Unknown CUDA arch (12.0) or GPU not supported", "arch_unsupported"),
@@ -114,8 +117,11 @@ UPSTREAM_LINES = [
     ("RuntimeError: 0 active drivers ([]). There should only be one.", "no_gpu_visible"),
     ("RuntimeError: Found no NVIDIA driver on your system.", "no_gpu_visible"),
     ("RuntimeError: No gfx arch found in rocminfo output.", "arch_not_specified"),
-    ("RuntimeError: Get GPU arch from rocminfo failed: Command '['/opt/rocm/bin/rocminfo']' returned"
-     " non-zero exit status 1.", "arch_not_specified"),
+    (
+        "RuntimeError: Get GPU arch from rocminfo failed: Command '['/opt/rocm/bin/rocminfo']' returned"
+        " non-zero exit status 1.",
+        "arch_not_specified",
+    ),
     ("No ROCm runtime is found, using ROCM_HOME='None'", "cmake_hip_not_found"),
     ("No ROCm runtime is found, using ROCM_HOME='/opt/rocm'", "build_isolation_torch"),
     ("RuntimeError: Ninja is required to load C++ extensions (pip install ninja to get it)", "unknown"),
