@@ -44,6 +44,7 @@ ROUNDS = (
     ("16", "6b9ce70", ("fresh34", "fresh35", "fresh36", "fresh37")),
     ("17", "bf89060", ("fresh38", "fresh39", "fresh40", "fresh41")),
     ("18", "38f5a7e", ("fresh42", "fresh43", "fresh44", "fresh45")),
+    ("19", "357a4d4", ("fresh47", "fresh48")),
 )
 
 
