@@ -100,7 +100,8 @@ def test_family_signal_names_its_category_from_each_wording_alone(sig):
 
 
 # What the packages rocmforge builds raise themselves, as their sources word it (vLLM's
-# CMakeLists.txt and platforms/rocm.py, torch's cpp_extension.py, Triton's driver, aiter's JIT):
+# CMakeLists.txt and platforms/rocm.py, torch's cpp_extension.py, Triton's driver, aiter's JIT,
+# TheRock's CMake):
 # the first line a user of a failed build sees, so each must name its cause alone, not by shape.
 UPSTREAM_LINES = [
     (
@@ -125,6 +126,10 @@ UPSTREAM_LINES = [
     ("No ROCm runtime is found, using ROCM_HOME='None'", "cmake_hip_not_found"),
     ("No ROCm runtime is found, using ROCM_HOME='/opt/rocm'", "build_isolation_torch"),
     ("RuntimeError: Ninja is required to load C++ extensions (pip install ninja to get it)", "unknown"),
+    # TheRock's CMake (ROCm built from source)
+    ("  THEROCK_AMDGPU_FAMILIES value 'gfx1152' unknown.  Available:", "arch_unsupported"),
+    ("  No AMDGPU target selected: make a selection via THEROCK_AMDGPU_FAMILIES or", "arch_not_specified"),
+    ("  Detected MSVC_VERSION is too old and may encounter OpenMP linker errors.", "compiler_version"),
 ]
 
 
