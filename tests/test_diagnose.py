@@ -100,8 +100,8 @@ def test_family_signal_names_its_category_from_each_wording_alone(sig):
 
 
 # What the packages rocmforge builds raise themselves, as their sources word it (vLLM's
-# CMakeLists.txt and platforms/rocm.py, torch's cpp_extension.py, Triton's driver, aiter's JIT,
-# TheRock's CMake):
+# CMakeLists.txt and platforms/rocm.py, torch's cpp_extension.py and LoadHIP.cmake, Triton's driver,
+# aiter's JIT, TheRock's CMake, the HIP runtime and rocminfo):
 # the first line a user of a failed build sees, so each must name its cause alone, not by shape.
 UPSTREAM_LINES = [
     (
@@ -130,6 +130,18 @@ UPSTREAM_LINES = [
     ("  THEROCK_AMDGPU_FAMILIES value 'gfx1152' unknown.  Available:", "arch_unsupported"),
     ("  No AMDGPU target selected: make a selection via THEROCK_AMDGPU_FAMILIES or", "arch_not_specified"),
     ("  Detected MSVC_VERSION is too old and may encounter OpenMP linker errors.", "compiler_version"),
+    # the HIP runtime's own error strings (ROCm/clr's hip_error.cpp), rocminfo, torch's LoadHIP.cmake
+    ("RuntimeError: HIP error: invalid device function", "arch_mismatch"),
+    ("RuntimeError: HIP error: no kernel image is available for execution on the device", "arch_mismatch"),
+    ("hipErrorNoBinaryForGpu: Unable to find code object for all current devices!", "arch_mismatch"),
+    ("RuntimeError: HIP error: no ROCm-capable device is detected", "no_gpu_visible"),
+    ("RuntimeError: HIP error: out of memory", "unknown"),
+    ("RuntimeError: HIP error: driver version is insufficient for runtime version", "version_mismatch"),
+    ("ROCk module is NOT live, possibly no GPU devices", "no_gpu_visible"),
+    ("Unable to open /dev/kfd read-write: Permission denied", "device_permission"),
+    ("  ROCM_PATH environment variable is set to /opt/rocm-6.4.0 but does not exist.", "cmake_hip_not_found"),
+    ("  ********************* rocm_version.h could not be found ******************", "cmake_hip_not_found"),
+    ("  No GPU arch specified for ROCm build.  Please use PYTORCH_ROCM_ARCH", "arch_not_specified"),
 ]
 
 
