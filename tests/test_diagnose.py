@@ -101,7 +101,7 @@ def test_family_signal_names_its_category_from_each_wording_alone(sig):
 
 # What the packages rocmforge builds raise themselves, as their sources word it (vLLM's
 # CMakeLists.txt and platforms/rocm.py, torch's cpp_extension.py and LoadHIP.cmake, Triton's driver,
-# aiter's JIT, TheRock's CMake, the HIP runtime and rocminfo):
+# aiter's JIT, TheRock's CMake, the HIP runtime and rocminfo, ROCm's libraries, bitsandbytes, ggml):
 # the first line a user of a failed build sees, so each must name its cause alone, not by shape.
 UPSTREAM_LINES = [
     (
@@ -142,6 +142,24 @@ UPSTREAM_LINES = [
     ("  ROCM_PATH environment variable is set to /opt/rocm-6.4.0 but does not exist.", "cmake_hip_not_found"),
     ("  ********************* rocm_version.h could not be found ******************", "cmake_hip_not_found"),
     ("  No GPU arch specified for ROCm build.  Please use PYTORCH_ROCM_ARCH", "arch_not_specified"),
+    # ROCm's libraries (rocBLAS, MIOpen, RCCL, amdsmi), bitsandbytes and ggml (llama.cpp) in their own words
+    ("rocBLAS warning: No paths matched /opt/rocm/lib/rocblas/library/*gfx1031*co. Make sure that", "arch_mismatch"),
+    ("  ERROR: HCC compiler is no longer supported!", "compiler_version"),
+    ("  Require at least gcc-5.4.0", "compiler_version"),
+    ("MIOpen Error: /src/MIOpen/src/hip/handlehip.cpp:150: No device", "no_gpu_visible"),
+    ("ERROR: Driver not loaded (amdgpu not found in modules)", "no_gpu_visible"),
+    (
+        "NCCL WARN Failed to find ROCm runtime library in (null) (RCCL_ROCR_PATH=(null))",
+        "missing_library_runtime",
+    ),
+    (
+        "No compatible ROCm library found (tried: libbitsandbytes_rocm63.so). You may need to compile from source:",
+        "missing_library_runtime",
+    ),
+    ("ROCm error: out of memory", "unknown"),
+    ("ggml_gallocr_reserve_n_impl: failed to allocate ROCm0 buffer of size 2147483648", "unknown"),
+    ("rocBLAS internal error: hipMallocAsync() failed to allocate memory of size : 34359738368", "unknown"),
+    ("ROCm error: an illegal memory access was encountered", "unknown"),
 ]
 
 
