@@ -45,6 +45,7 @@ ROUNDS = (
     ("17", "bf89060", ("fresh38", "fresh39", "fresh40", "fresh41")),
     ("18", "38f5a7e", ("fresh42", "fresh43", "fresh44", "fresh45")),
     ("19", "357a4d4", ("fresh47", "fresh48")),
+    ("20", "2045464", ("fresh49", "fresh50", "fresh51")),
 )
 
 
