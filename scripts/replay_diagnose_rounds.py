@@ -46,6 +46,7 @@ ROUNDS = (
     ("18", "38f5a7e", ("fresh42", "fresh43", "fresh44", "fresh45")),
     ("19", "357a4d4", ("fresh47", "fresh48")),
     ("20", "2045464", ("fresh49", "fresh50", "fresh51")),
+    ("21", "8320a84", ("fresh52", "fresh53", "fresh54")),
 )
 
 
