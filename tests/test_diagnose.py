@@ -143,7 +143,10 @@ UPSTREAM_LINES = [
     ("  ********************* rocm_version.h could not be found ******************", "cmake_hip_not_found"),
     ("  No GPU arch specified for ROCm build.  Please use PYTORCH_ROCM_ARCH", "arch_not_specified"),
     # ROCm's libraries (rocBLAS, MIOpen, RCCL, amdsmi), bitsandbytes and ggml (llama.cpp) in their own words
-    ("rocBLAS warning: No paths matched /opt/rocm/lib/rocblas/library/*gfx1031*co. Make sure that", "arch_mismatch"),
+    (
+        "rocBLAS warning: No paths matched /opt/rocm/lib/rocblas/library/*gfx1031*co. Make sure that",
+        "arch_mismatch",
+    ),
     ("  ERROR: HCC compiler is no longer supported!", "compiler_version"),
     ("  Require at least gcc-5.4.0", "compiler_version"),
     ("MIOpen Error: /src/MIOpen/src/hip/handlehip.cpp:150: No device", "no_gpu_visible"),
@@ -153,7 +156,7 @@ UPSTREAM_LINES = [
         "missing_library_runtime",
     ),
     (
-        "No compatible ROCm library found (tried: libbitsandbytes_rocm63.so). You may need to compile from source:",
+        "No compatible ROCm library found (tried: libbitsandbytes_rocm63.so). You may need to compile",
         "missing_library_runtime",
     ),
     ("ROCm error: out of memory", "unknown"),
