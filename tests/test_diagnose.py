@@ -848,3 +848,79 @@ def test_empty_or_binary_log_and_unreadable_file(tmp_path):
             proc.stderr.strip()
             == "rocmforge diagnose: error: /proc/self/mem: cannot read the log (Input/output error)"
         )
+
+
+# --- a failure of one's own as a fixture (--excerpt) ------------------------------------------
+
+
+@pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+def test_excerpt_of_a_real_link_failure_is_a_fixture_diagnosed_the_same(tmp_path):
+    (tmp_path / "main.c").write_text("int main(void) { return 0; }\n")
+    failure = _run(["gcc", "main.c", "-lrocmforge_no_such_lib", "-o", "main"], cwd=tmp_path)
+    # The failure inside a long build log: progress redraws, colours, a home directory.
+    progress = "".join(
+        f"\x1b[32m[{i}/900]\x1b[0m Building C object /home/alice/x/obj{i}.o\r\n" for i in range(600)
+    )
+    log = tmp_path / "build.log"
+    log.write_text(progress + failure + "ninja: build stopped: subcommand failed.\n" + "cleanup\n" * 300)
+    url = "https://github.com/rocmforge/rocmforge/issues/42"
+
+    proc = _cli(str(log), "--excerpt", str(tmp_path), "--source", url)
+    assert proc.returncode == 0, proc.stderr
+    fixture = tmp_path / "missing_library_link-rocmforge-42.log"
+    assert f"excerpt written to {fixture}" in proc.stderr
+    head, body = fixture.read_text().split("\n", 2)[:2], fixture.read_text().split("\n", 2)[2]
+    assert head == [f"# source: {url}", "# category: missing_library_link"]
+    lines = body.splitlines()
+    assert 5 <= len(lines) <= 30  # the error and its context, not the 900 lines around it
+    assert any("cannot find -lrocmforge_no_such_lib" in line for line in lines)
+    assert not any("\x1b" in line or "\r" in line or "alice" in line for line in lines)
+    # What the engine reads of the fixture (its body) names the same cause, at the same kind of line.
+    full, cut = diagnose_text(log.read_text()), diagnose_text(body)
+    assert (
+        (cut.category, cut.first_error.family)
+        == (full.category, full.first_error.family)
+        == (
+            "missing_library_link",
+            "linker",
+        )
+    )
+    assert cut.first_error.text == full.first_error.text
+
+
+def test_excerpt_of_a_log_without_an_error_line_is_its_end(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("".join(f"step {i} done\n" for i in range(100)) + "and then it stopped\n")
+    proc = _cli(str(log), "--excerpt", str(tmp_path / "mine.log"), "--source", "https://example.org/t/1")
+    assert proc.returncode == 1, proc.stderr  # unknown, but the excerpt is still written
+    body = (tmp_path / "mine.log").read_text().splitlines()
+    assert body[:2] == ["# source: https://example.org/t/1", "# category: unknown"]
+    assert body[2:] == [f"step {i} done" for i in range(61, 100)] + ["and then it stopped"]
+
+
+def test_excerpt_refuses_what_it_cannot_do_and_writes_nothing(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text("/usr/bin/ld: cannot find -lamdhip64\ncollect2: error: ld returned 1 exit status\n")
+    out = tmp_path / "out.log"
+    cases = [
+        ((str(log), "--excerpt", str(out)), "--excerpt needs --source URL: the http(s) address of"),
+        ((str(log), "--excerpt", str(out), "--source", "issue 12"), "--excerpt needs --source URL"),
+        (
+            ("-", "--excerpt", str(out), "--source", "https://x.org/1"),
+            "--excerpt reads the log a second time",
+        ),
+        ((str(log), "--source", "https://x.org/1"), "--source is for --excerpt"),
+    ]
+    for args, message in cases:
+        proc = _cli(*args, stdin="")
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr.startswith(f"rocmforge diagnose: error: {message}"), proc.stderr
+        assert not out.exists()
+    out.write_text("mine\n")
+    proc = _cli(str(log), "--excerpt", str(out), "--source", "https://x.org/1")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (  # one line, before any diagnosis
+        f"rocmforge diagnose: error: {out}: already exists; give another --excerpt path (nothing was written)"
+    )
+    assert out.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build.log", "out.log"]  # no temp file left

@@ -1522,10 +1522,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``diagnose LOG [--json]``."""
     parser.add_argument("log", metavar="LOG", help="the build or run log ('-' reads standard input)")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    parser.add_argument(
+        "--excerpt",
+        metavar="PATH",
+        help="also write the lines that matter as a corpus fixture (a file, or a directory to name it in); "
+        "home directories are made anonymous, read it before you share it",
+    )
+    parser.add_argument("--source", metavar="URL", help="with --excerpt: the issue that records the failure")
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the diagnosis of one log; exit 0 when a cause was found, 1 when it is unknown."""
+    from rocmforge.diagnose import excerpt
+
+    if args.source and not args.excerpt:
+        raise UserError("--source is for --excerpt: add --excerpt PATH, or drop --source")
+    if args.excerpt:
+        excerpt.check_request(args.excerpt, args.source)
+        if args.log == "-":
+            raise UserError("--excerpt reads the log a second time: give the log file, not '-'")
     if args.log == "-":
         diagnosis = _diagnose_text("standard input", sys.stdin.buffer)
     else:
@@ -1552,6 +1567,14 @@ def main(args: argparse.Namespace) -> int:
         if (second := diagnosis.secondary) is not None:
             also = "also" if second.basis == "lines" else "or perhaps"
             _print_cause(console, escape, f"{also} {second.category}", second.hint, second.evidence)
+    if args.excerpt:
+        path = excerpt.write_excerpt(args.log, diagnosis, args.excerpt, args.source)
+        # On stderr: --json's standard output stays one JSON document.
+        print(
+            f"excerpt written to {path}: set its '# category:' line to what fixed the failure, then add "
+            "it to tests/data/diagnose/ (see its README) or attach it to the issue",
+            file=sys.stderr,
+        )
     return 0 if diagnosis.category != "unknown" else 1
 
 

@@ -1,0 +1,117 @@
+"""``diagnose LOG --excerpt PATH --source URL``: a failure of one's own, as a corpus fixture.
+
+The blind rounds of issue 15 found the engine weakest on ROCm-side failures, where public
+threads are running out; our users' own logs are the data it lacks. This writes one in the
+format of ``tests/data/diagnose/`` (two header lines, then the lines that matter): the lines
+around the first fatal error and around the evidence, at most ``MAX_LINES``, without colour
+codes or progress redraws, with home directories made anonymous. The category line says what
+the engine answered; whoever submits it corrects it to what fixed the failure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rocmforge.errors import UserError
+from rocmforge.fsutil import atomic_write
+
+if TYPE_CHECKING:
+    from rocmforge.diagnose.engine import Diagnosis
+
+MAX_LINES = 80  # the corpus's own limit on an excerpt
+ABOVE_FIRST, BELOW = 10, 3  # a first error is read from the lines above it (its includes, its command)
+AROUND = 3  # other evidence: a few lines either side
+TAIL = 40  # no error line at all: the end of the log, where a failed step stops
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# /home/alice/, /Users/alice/, C:\Users\alice\ -> a name that says nothing about the submitter.
+_HOME = re.compile(r"(?P<root>/home/|/Users/|[A-Za-z]:\\Users\\)(?P<name>[^/\\\s'\"]+)")
+_URL = re.compile(r"https?://\S+")
+_GITHUB = re.compile(r"https://github\.com/[^/]+/(?P<repo>[^/]+)/(?:issues|pull|discussions)/(?P<number>\d+)")
+
+
+def anchors(diagnosis: Diagnosis) -> list[tuple[int, int, int]]:
+    """``(line, above, below)`` windows to keep: the first fatal error's first, then the evidence."""
+    out = []
+    if diagnosis.first_error is not None:
+        out.append((diagnosis.first_error.line, ABOVE_FIRST, BELOW))
+    evidence = list(diagnosis.evidence)
+    if diagnosis.secondary is not None:
+        evidence += diagnosis.secondary.evidence
+    out += [(e.line, AROUND, AROUND) for e in evidence]
+    return out
+
+
+def wanted_lines(windows: Iterable[tuple[int, int, int]], limit: int = MAX_LINES) -> set[int]:
+    """The line numbers of the windows, in order of priority, until ``limit`` lines are taken."""
+    keep: set[int] = set()
+    for line, above, below in windows:
+        window = set(range(max(1, line - above), line + below + 1))
+        if len(keep | window) > limit:
+            continue  # a later, smaller window may still fit
+        keep |= window
+    return keep
+
+
+def clean(line: bytes) -> str:
+    """A log line as a terminal showed it: text after the last carriage return, no colours."""
+    text = line.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+    text = text.rsplit("\r", 1)[-1]
+    text = _ANSI.sub("", text)
+    return _HOME.sub(lambda m: m["root"] + "user", text)
+
+
+def select(lines: Iterable[bytes], keep: set[int]) -> list[str]:
+    """The kept lines of a log read once, or its last ``TAIL`` lines when nothing is kept."""
+    if keep:
+        return [clean(line) for n, line in enumerate(lines, 1) if n in keep]
+    return [clean(line) for line in deque(lines, maxlen=TAIL)]
+
+
+def fixture_name(category: str, source: str) -> str:
+    """The corpus's file name: ``<category>-<repo>-<number>.log`` for a GitHub thread."""
+    m = _GITHUB.match(source)
+    if m:
+        return f"{category}-{m['repo'].lower()}-{m['number']}.log"
+    slug = re.sub(r"[^a-z0-9]+", "-", source.split("://", 1)[-1].lower()).strip("-")[-40:]
+    return f"{category}-{slug}.log"
+
+
+def check_request(out: str | Path, source: str | None) -> None:
+    """A ``UserError`` unless ``source`` is the http(s) URL of a thread and ``out`` is free.
+
+    Checked before the log is read, so that a bad request costs nothing and prints no diagnosis.
+    """
+    if not source or not _URL.fullmatch(source):
+        raise UserError(
+            "--excerpt needs --source URL: the http(s) address of the issue or discussion that records "
+            "this failure and what fixed it (tests/data/diagnose/README.md)"
+        )
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UserError(f"{out}: already exists; give another --excerpt path (nothing was written)")
+
+
+def write_excerpt(log: str | Path, diagnosis: Diagnosis, out: str | Path, source: str | None) -> Path:
+    """Write the excerpt of ``log`` for ``diagnosis`` to ``out`` (a file, or a directory to name it in).
+
+    ``source`` is the thread where the failure and its fix are recorded: the corpus keeps one
+    excerpt per thread and splits by thread, so a fixture without one cannot be used.
+    """
+    check_request(out, source)
+    out = Path(out)
+    path = out / fixture_name(diagnosis.category, source) if out.is_dir() else out
+    if path.exists():
+        raise UserError(f"{path}: already exists; give another --excerpt path (nothing was written)")
+    keep = wanted_lines(anchors(diagnosis))
+    try:
+        with open(log, "rb") as f:
+            body = select(f, keep)
+    except OSError as exc:
+        raise UserError(f"{log}: cannot read the log again for its excerpt ({exc.strerror or exc})") from None
+    header = [f"# source: {source}", f"# category: {diagnosis.category}"]
+    atomic_write(path, "\n".join(header + body) + "\n")
+    return path
