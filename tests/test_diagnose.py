@@ -910,6 +910,10 @@ def test_excerpt_refuses_what_it_cannot_do_and_writes_nothing(tmp_path):
             "--excerpt reads the log a second time",
         ),
         ((str(log), "--source", "https://x.org/1"), "--source is for --excerpt"),
+        (
+            (str(log), "--excerpt", f"{tmp_path}/new/", "--source", "https://x.org/1"),
+            f"{tmp_path}/new/: no such",
+        ),
     ]
     for args, message in cases:
         proc = _cli(*args, stdin="")
@@ -924,3 +928,13 @@ def test_excerpt_refuses_what_it_cannot_do_and_writes_nothing(tmp_path):
     )
     assert out.read_text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build.log", "out.log"]  # no temp file left
+
+
+def test_excerpt_lines_as_a_terminal_showed_them():
+    from rocmforge.diagnose.excerpt import LINE_CHARS, clean
+
+    assert clean(b"\x1b[1;31merror:\x1b[0m 50%\r100% /home/alice/x.cpp\r\n") == "100% /home/user/x.cpp"
+    assert clean(b"C:\\Users\\bob\\src /Users/carol/lib") == "C:\\Users\\user\\src /Users/user/lib"
+    assert clean(b"\xff\xfe ok") == "\ufffd\ufffd ok"
+    long = clean(b"x" * (LINE_CHARS + 500))
+    assert len(long) == LINE_CHARS + len(" [...]") and long.endswith(" [...]")

@@ -26,6 +26,7 @@ MAX_LINES = 80  # the corpus's own limit on an excerpt
 ABOVE_FIRST, BELOW = 10, 3  # a first error is read from the lines above it (its includes, its command)
 AROUND = 3  # other evidence: a few lines either side
 TAIL = 40  # no error line at all: the end of the log, where a failed step stops
+LINE_CHARS = 2000  # a minified command line or a dumped buffer: its head says what it is
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # /home/alice/, /Users/alice/, C:\Users\alice\ -> a name that says nothing about the submitter.
@@ -61,8 +62,8 @@ def clean(line: bytes) -> str:
     """A log line as a terminal showed it: text after the last carriage return, no colours."""
     text = line.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
     text = text.rsplit("\r", 1)[-1]
-    text = _ANSI.sub("", text)
-    return _HOME.sub(lambda m: m["root"] + "user", text)
+    text = _HOME.sub(lambda m: m["root"] + "user", _ANSI.sub("", text))
+    return text if len(text) <= LINE_CHARS else text[:LINE_CHARS] + " [...]"
 
 
 def select(lines: Iterable[bytes], keep: set[int]) -> list[str]:
@@ -93,6 +94,8 @@ def check_request(out: str | Path, source: str | None) -> None:
         )
     if Path(out).exists() and not Path(out).is_dir():
         raise UserError(f"{out}: already exists; give another --excerpt path (nothing was written)")
+    if str(out).endswith(("/", "\\")) and not Path(out).is_dir():
+        raise UserError(f"{out}: no such directory; create it, or give the excerpt's file name")
 
 
 def write_excerpt(log: str | Path, diagnosis: Diagnosis, out: str | Path, source: str | None) -> Path:
