@@ -157,6 +157,20 @@ def test_consistent_wheelhouse_passes(tmp_path, objects):
     assert "all cover gfx90a" in checks[f"archs: torch-{TORCH}-py3-none-linux_x86_64.whl"].detail
 
 
+def test_a_rebuild_at_the_same_version_is_verified_not_uvs_cached_copy(tmp_path, objects):
+    # A rebuild of torch and vLLM at the same versions puts new files at the same paths; uv had
+    # the first vLLM cached for that path and installed it, built against the first torch.
+    house = tmp_path / "house"
+    house.mkdir()
+    verify_house(tmp_path / "v1", wheelhouse(house, objects))
+    shutil.rmtree(house)
+    house.mkdir()
+    root = wheelhouse(house, objects, torch_so="gfx908", vllm_so="gfx908")  # another torch and vLLM
+    checks = verify_house(tmp_path / "v2", root, archs=("gfx908",))
+    assert failed(checks) == set(), checks
+    assert checks["vllm ↔ pytorch"].detail.startswith("built against torch-")
+
+
 def test_wheel_built_for_the_wrong_arch(tmp_path, objects):
     # hipcc built torch for gfx908 (MI100) while the config asks for gfx90a (MI250)
     cfg = load_config(ROOT / "build_config.toml", environ={"PYTORCH_ROCM_ARCH": "gfx90a"})
