@@ -814,15 +814,18 @@ def fresh_venv(venv: Path, wheelhouse: Path, python: str, *, offline: bool = Fal
     # Our own wheels are read from the wheelhouse, never from uv's cache: a rebuild at the same
     # version has the same file name at the same path, and uv once installed the wheel it had
     # cached for that path (a vLLM built against an earlier torch) instead of the one there now.
+    # uv refuses a refresh with --offline; those installs name our wheels by their hashes
+    # (requirements.txt) or by their paths, which uv checks against the files.
     refresh = [f"--refresh-package={p}" for p in sorted({e.project for e in entries})]
     for argv in attempts:
-        res = subprocess.run([*argv[:3], "--quiet", *refresh, *argv[3:]], capture_output=True, text=True)
+        fresh = [] if "--offline" in argv else refresh
+        res = subprocess.run([*argv[:3], "--quiet", *fresh, *argv[3:]], capture_output=True, text=True)
         if res.returncode == 0:
             return vpy, [e.path for e in entries]
     if not offline:
         # Not even that (PyPI's wheels never downloaded here): our wheels alone, so that the
         # checks run and name what is missing instead of verify stopping for want of a network.
-        alone = [uv, "pip", "install", "--quiet", *refresh, "--python", vpy, "--offline", "--no-deps"]
+        alone = [uv, "pip", "install", "--quiet", "--python", vpy, "--offline", "--no-deps"]
         if subprocess.run([*alone, *(str(e.path) for e in entries)], capture_output=True).returncode == 0:
             from rocmforge.console import console
 
