@@ -869,7 +869,7 @@ def test_excerpt_of_a_real_link_failure_is_a_fixture_diagnosed_the_same(tmp_path
     assert proc.returncode == 0, proc.stderr
     fixture = tmp_path / "missing_library_link-rocmforge-42.log"
     assert f"excerpt written to {fixture}" in proc.stderr
-    head, body = fixture.read_text().split("\n", 2)[:2], fixture.read_text().split("\n", 2)[2]
+    *head, body = fixture.read_text().split("\n", 2)
     assert head == [f"# source: {url}", "# category: missing_library_link"]
     lines = body.splitlines()
     assert 5 <= len(lines) <= 30  # the error and its context, not the 900 lines around it

@@ -589,7 +589,7 @@ _TAIL_BYTES = words.TAIL_LINES * 512  # enough for the word model's last lines
 _ANSI_BYTES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 
-def clean(raw: bytes | str) -> str:
+def terminal_text(raw: bytes | str) -> str:
     """One log line as the terminal showed it: no colours, the last state of a ``\\r`` redraw."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     text = text.rstrip("\n")
@@ -599,7 +599,12 @@ def clean(raw: bytes | str) -> str:
         text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
     if "\x1b" in text:
         text = _ANSI.sub("", text)
-    return text[:_MAX_LINE]
+    return text
+
+
+def clean(raw: bytes | str) -> str:
+    """:func:`terminal_text`, cut to the characters the rules read."""
+    return terminal_text(raw)[:_MAX_LINE]
 
 
 def read_chunks(chunks: Iterable[bytes]) -> _Reading:

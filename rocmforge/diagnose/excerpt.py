@@ -14,13 +14,10 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from rocmforge.diagnose.engine import Diagnosis, terminal_text
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write
-
-if TYPE_CHECKING:
-    from rocmforge.diagnose.engine import Diagnosis
 
 MAX_LINES = 80  # the corpus's own limit on an excerpt
 ABOVE_FIRST, BELOW = 10, 3  # a first error is read from the lines above it (its includes, its command)
@@ -28,7 +25,6 @@ AROUND = 3  # other evidence: a few lines either side
 TAIL = 40  # no error line at all: the end of the log, where a failed step stops
 LINE_CHARS = 2000  # a minified command line or a dumped buffer: its head says what it is
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # /home/alice/, /Users/alice/, C:\Users\alice\ -> a name that says nothing about the submitter.
 _HOME = re.compile(r"(?P<root>/home/|/Users/|[A-Za-z]:\\Users\\)(?P<name>[^/\\\s'\"]+)")
 _URL = re.compile(r"https?://\S+")
@@ -59,10 +55,8 @@ def wanted_lines(windows: Iterable[tuple[int, int, int]], limit: int = MAX_LINES
 
 
 def clean(line: bytes) -> str:
-    """A log line as a terminal showed it: text after the last carriage return, no colours."""
-    text = line.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
-    text = text.rsplit("\r", 1)[-1]
-    text = _HOME.sub(lambda m: m["root"] + "user", _ANSI.sub("", text))
+    """A log line as the terminal showed it (as the engine reads it), its home directory anonymous."""
+    text = _HOME.sub(lambda m: m["root"] + "user", terminal_text(line))
     return text if len(text) <= LINE_CHARS else text[:LINE_CHARS] + " [...]"
 
 
@@ -82,6 +76,11 @@ def fixture_name(category: str, source: str) -> str:
     return f"{category}-{slug}.log"
 
 
+def _refuse_existing(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path}: already exists; give another --excerpt path (nothing was written)")
+
+
 def check_request(out: str | Path, source: str | None) -> None:
     """A ``UserError`` unless ``source`` is the http(s) URL of a thread and ``out`` is free.
 
@@ -92,23 +91,21 @@ def check_request(out: str | Path, source: str | None) -> None:
             "--excerpt needs --source URL: the http(s) address of the issue or discussion that records "
             "this failure and what fixed it (tests/data/diagnose/README.md)"
         )
-    if Path(out).exists() and not Path(out).is_dir():
-        raise UserError(f"{out}: already exists; give another --excerpt path (nothing was written)")
+    _refuse_existing(Path(out))
     if str(out).endswith(("/", "\\")) and not Path(out).is_dir():
         raise UserError(f"{out}: no such directory; create it, or give the excerpt's file name")
 
 
-def write_excerpt(log: str | Path, diagnosis: Diagnosis, out: str | Path, source: str | None) -> Path:
+def write_excerpt(log: str | Path, diagnosis: Diagnosis, out: str | Path, source: str) -> Path:
     """Write the excerpt of ``log`` for ``diagnosis`` to ``out`` (a file, or a directory to name it in).
 
-    ``source`` is the thread where the failure and its fix are recorded: the corpus keeps one
-    excerpt per thread and splits by thread, so a fixture without one cannot be used.
+    ``source`` is the thread where the failure and its fix are recorded (the corpus keeps one
+    excerpt per thread and splits by thread); :func:`check_request` has accepted both. A name
+    chosen in a directory is known only now, from the category, so it is checked here.
     """
-    check_request(out, source)
     out = Path(out)
     path = out / fixture_name(diagnosis.category, source) if out.is_dir() else out
-    if path.exists():
-        raise UserError(f"{path}: already exists; give another --excerpt path (nothing was written)")
+    _refuse_existing(path)
     keep = wanted_lines(anchors(diagnosis))
     try:
         with open(log, "rb") as f:
