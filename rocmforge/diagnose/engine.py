@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import ahocorasick_rs
 
 from rocmforge.diagnose import words
+from rocmforge.diagnose.text import terminal_text
 from rocmforge.errors import UserError
 from rocmforge.fsutil import looks_binary, refuse_special
 
@@ -163,7 +164,6 @@ def _evidence_json(evidence: tuple[Evidence, ...]) -> list[dict[str, Any]]:
 
 # --- reading --------------------------------------------------------------------------------
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 # What parallel builds, CI systems and containers put in front of a tool's own output:
 # timestamps, docker build step timers, nix/bazel package prefixes, sub-project labels.
 _PREFIX = re.compile(
@@ -587,19 +587,6 @@ def _automaton(wanted: frozenset[str]) -> ahocorasick_rs.BytesAhoCorasick:
 _CHUNK = 1 << 23  # bytes read at once: memory stays flat whatever the log's size
 _TAIL_BYTES = words.TAIL_LINES * 512  # enough for the word model's last lines
 _ANSI_BYTES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-
-
-def terminal_text(raw: bytes | str) -> str:
-    """One log line as the terminal showed it: no colours, the last state of a ``\\r`` redraw."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    text = text.rstrip("\n")
-    if text.endswith("\r"):
-        text = text[:-1]
-    if "\r" in text:
-        text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    return text
 
 
 def clean(raw: bytes | str) -> str:

@@ -14,10 +14,14 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rocmforge.diagnose.engine import Diagnosis, terminal_text
+from rocmforge.diagnose.text import terminal_text
 from rocmforge.errors import UserError
 from rocmforge.fsutil import atomic_write
+
+if TYPE_CHECKING:
+    from rocmforge.diagnose.engine import Diagnosis
 
 MAX_LINES = 80  # the corpus's own limit on an excerpt
 ABOVE_FIRST, BELOW = 10, 3  # a first error is read from the lines above it (its includes, its command)
