@@ -99,9 +99,17 @@ def main() -> None:
     }
     off = dataclasses.replace(engine.TUNING, **{k: v for k, v in never.items() if k in fields})
     out = {"rules": 0, "shipped": 0, "new": 0, "new_unknown": 0, "first_or_second": 0, "n": len(test)}
+    # The shipped answers by the confidence they were given with ("unknown" for no cause): how
+    # far a user can trust each level on logs the engine never saw.
+    calibration: dict[str, list[int]] = {}
     for _, category, log in test:
         reading = engine.read_chunks([log])  # read once: decide does not change a reading
-        out["shipped"] += engine.decide(reading).category == category
+        shipped = engine.decide(reading)
+        out["shipped"] += shipped.category == category
+        level = "unknown" if shipped.category == "unknown" else str(getattr(shipped, "confidence", "high"))
+        tally = calibration.setdefault(level, [0, 0])
+        tally[0] += 1
+        tally[1] += shipped.category == category
         rules = engine.decide(reading, off)  # the old rules, no word model
         out["rules"] += rules.category == category
         outside = getattr(reading, "outside", None) is not None
@@ -115,7 +123,7 @@ def main() -> None:
         out["new"] += answer == category
         out["new_unknown"] += answer == "unknown"
         out["first_or_second"] += category in (answer, second)
-    print(json.dumps(out))
+    print(json.dumps({**out, "calibration": calibration}))
 
 
 if __name__ == "__main__":

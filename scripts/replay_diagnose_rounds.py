@@ -8,7 +8,9 @@ as they were frozen (a temporary git worktree of that commit), the word model is
 and the round's blind excerpts (read from this tree) are diagnosed by the old engine with the
 new model. Per round: the rules alone, the engine as it was shipped, the engine with the new
 model, and how often the right cause is first or second (the new model's next likeliest cause
-named second where the rules name none, as ``engine.Tuning.words_second`` does).
+named second where the rules name none, as ``engine.Tuning.words_second`` does). At the end, the
+shipped answers of all rounds by their confidence: how often each level was right on logs the
+engine had never seen.
 
 The thresholds are this tree's ``engine.Tuning``. Needs git, the repository's history and numpy.
 
@@ -89,6 +91,7 @@ def main() -> int:
 
     tuning = {k: getattr(TUNING, k) if getattr(args, k) is None else getattr(args, k) for k in NAMES}
     total: dict[str, int] = {}
+    calibration: dict[str, list[int]] = {}  # per confidence level: answers, right
     print(f"thresholds: {tuning}")
     for name, commit, sets in ROUNDS:
         if args.round and name not in args.round:
@@ -100,6 +103,10 @@ def main() -> int:
             f"as shipped {got['shipped']}, with this word model {got['new']} "
             f"({got['new_unknown']} unknown), right first or second {got['first_or_second']}"
         )
+        for level, (count, right) in got.pop("calibration").items():
+            tally = calibration.setdefault(level, [0, 0])
+            tally[0] += count
+            tally[1] += right
         for k, v in got.items():
             total[k] = total.get(k, 0) + v
     n = total.get("n", 0)
@@ -109,6 +116,11 @@ def main() -> int:
             f"all: rules alone {pct['rules']}, as shipped {pct['shipped']}, with this word model "
             f"{pct['new']} ({pct['new_unknown']} unknown), right first or second {pct['first_or_second']}"
         )
+        print("as shipped, by the confidence of the answer (how far each level can be trusted):")
+        for level in ("high", "medium", "low", "unknown"):
+            count, right = calibration.get(level, [0, 0])
+            if count:
+                print(f"  {level:8} {count:5} answers, {right:5} right = {right / count:.0%}")
     return 0
 
 

@@ -231,6 +231,8 @@ def test_the_replay_reproduces_a_rounds_blind_score():
     got = replay("db302cb", ("fresh13", "fresh14"), tuning)
     assert (got["n"], got["shipped"], got["rules"]) == (61, 48, 48)
     assert (got["new"], got["new_unknown"], got["first_or_second"]) == (47, 6, 51)
+    # Its shipped answers by confidence, [answers, right]: they add up to the 61 and the 48.
+    assert got["calibration"] == {"high": [37, 35], "medium": [6, 5], "low": [11, 5], "unknown": [7, 3]}
 
 
 def test_the_replay_applies_the_engines_own_policy():
