@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "diagnose"
 # engine.Tuning's thresholds of the word model, which the replay applies (each may be given).
 NAMES = ("words_unknown", "words_override", "words_second", "words_unknown_shape")
-# (round, the commit its blind sets were scored on, the sets) — docs/diagnose.md gives each.
+# (round, the commit its blind sets were scored on, the sets) — docs/diagnose-rounds.md gives each.
 ROUNDS = (
     ("4", "55b9348", ("fresh7", "fresh8")),
     ("5", "5c1a180", ("fresh9", "fresh10")),

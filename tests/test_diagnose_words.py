@@ -219,7 +219,7 @@ def test_the_replay_reproduces_a_rounds_blind_score():
     # scripts/replay_diagnose_rounds.py judges a word model on a round's blind set with the
     # engine frozen for it. Round 8's engine (db302cb) as shipped must score what it scored once
     # at the time, 48 of 61, its rules alone 48; with this tree's model and thresholds, what
-    # docs/diagnose.md reports for round 8 with the shape's guess giving way (47, 6 unknown, 51
+    # docs/diagnose-rounds.md reports for round 8 with the shape's guess giving way (47, 6 unknown, 51
     # first or second; round 16's section).
     from replay_diagnose_rounds import NAMES, replay
 

@@ -823,7 +823,7 @@ class Tuning:
     # alone when it names another cause with ``words_override`` (above 1: never). Its likeliest
     # other cause is named second (when the rules name no second cause) from ``words_second``.
     # Chosen by replaying the blind rounds with the rules frozen as they were
-    # (scripts/replay_diagnose_rounds.py; docs/diagnose.md, rounds 8 to 10).
+    # (scripts/replay_diagnose_rounds.py; docs/diagnose-rounds.md, rounds 8 to 10).
     words_unknown: float = 0.7
     words_override: float = 0.9
     words_second: float = 0.1
@@ -834,7 +834,7 @@ class Tuning:
     # cmake_hip_not_found or compiler_version). Replayed on rounds 4 to 16 (1,026 excerpts, each
     # round's rules as frozen, the model trained without the round): 829 right against 819, 7.0 %
     # unknown against 5.4 %; chosen in leave-one-round-out, 0.3 scores 833 but passes 10 %
-    # unknown on rounds 8, 14 and 16 (docs/diagnose.md, round 16).
+    # unknown on rounds 8, 14 and 16 (docs/diagnose-rounds.md, round 16).
     words_unknown_shape: float = 0.5
 
 
@@ -959,7 +959,7 @@ def _words_cause(said: _Words, named: str, tuning: Tuning, reading: _Reading) ->
 
     Replayed on the blind rounds 4 to 9 with the rules as they were then, naming it (at
     ``tuning.words_second``) put the right cause first or second for 82 % of the logs, against
-    78 % first (scripts/replay_diagnose_rounds.py; docs/diagnose.md, round 9).
+    78 % first (scripts/replay_diagnose_rounds.py; docs/diagnose-rounds.md, round 9).
     """
     other = said.runner_up(named, tuning.words_second)
     if other is None:

@@ -13,7 +13,7 @@ Why a regression and not naive Bayes (the first model): replayed on the blind ro
 rules frozen as they were (``scripts/replay_diagnose_rounds.py``), it named the right cause of
 73 % of the logs alone where naive Bayes named 65 %; in the engine the two are within a point
 (about 77 % of 385 never-seen logs), and the regression's next likeliest cause, named second,
-makes the right cause first or second for 82 % (docs/diagnose.md, rounds 8 and 9).
+makes the right cause first or second for 82 % (docs/diagnose-rounds.md, rounds 8 and 9).
 
 What it reads of a log: the last ``TAIL_LINES`` lines (a failed build or run ends at its
 failure) and the first ``FATAL_LINES`` lines that look like a fatal error (the engine's
