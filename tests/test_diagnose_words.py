@@ -161,8 +161,9 @@ def test_the_words_next_likeliest_cause_is_named_second_as_a_guess():
     d = decide(read_chunks([log.encode()]), word_model=model)
     assert d.category == "compiler_version" and d.secondary is not None
     assert (d.secondary.category, d.secondary.basis) == ("arch_unsupported", "words")
-    assert d.secondary.hint.startswith("from the words of the log alone (")
-    assert f"{p2:.0%})" in d.secondary.hint and d.secondary.evidence
+    assert d.secondary.hint.startswith("from the words of the log alone")
+    # Not the model's probability (fitted on the corpus, it overstates a guess): the words, if any.
+    assert "%" not in d.secondary.hint.split(":")[0] and d.secondary.evidence
     assert d.to_json()["secondary"]["basis"] == "words"
     # Below the threshold no guess is named.
     quiet = decide(read_chunks([log.encode()]), Tuning(words_second=p2 + 0.01), word_model=model)
@@ -184,7 +185,7 @@ def test_the_terminal_says_a_guess_is_a_guess(tmp_path):
     assert second is not None and second.basis in ("words", "shape")
     said = " ".join(out.stdout.split() + out.stderr.split())
     if second.basis == "words":
-        assert f"{shipped.category} (low confidence)" in said
+        assert f"{shipped.category} (low confidence: a guess, right about one time in three" in said
         assert f"or perhaps {second.category}: from the words of the log alone" in said
     else:
         assert (
