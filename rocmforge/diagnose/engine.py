@@ -1561,7 +1561,8 @@ def main(args: argparse.Namespace) -> int:
             console.print(f"first fatal error ({first.family}) at line {first.line}")
         title = diagnosis.category
         if diagnosis.category != "unknown":
-            title += f" ({diagnosis.confidence} confidence{LOW_TRUST if diagnosis.confidence == 'low' else ''})"
+            worth = LOW_TRUST if diagnosis.confidence == "low" else ""
+            title += f" ({diagnosis.confidence} confidence{worth})"
         _print_cause(console, escape, title, diagnosis.hint, diagnosis.evidence)
         if (second := diagnosis.secondary) is not None:
             also = "also" if second.basis == "lines" else "or perhaps"
