@@ -690,6 +690,11 @@ def _reconsider(scores: dict[str, float], reading: _Reading) -> dict[str, str]:
         scores[dst] = scores.get(dst, 0.0) + scores.pop(src, 0.0) + bonus
         why[dst] = reason
 
+    if has("hipcc-clang-missing"):
+        # hipcc looks for nvcc before it settles on AMD: its "nvcc: not found" is that probe, not
+        # a build asking for CUDA; the ROCm clang it then cannot run is the failure.
+        scores.pop("cuda_check_on_rocm", None)
+
     oom_kill = any(
         has(n)
         for n in (
