@@ -581,6 +581,57 @@ def test_a_full_disk_is_the_cause_whatever_fails_after_it(tmp_path):
     )
 
 
+def test_vllm_refusing_to_start_on_rocm_gets_vllms_own_next_step(tmp_path):
+    # The last mile: the wheels install and import, and `vllm serve` stops on what the request
+    # asks of this GPU. The lines are the pinned vLLM's own (v1/core/kv_cache_planning.py,
+    # platforms/rocm.py), under the engine core's log prefix; the answer is unknown (no build
+    # cause), with the knob that fixes it, and the exit status says "not a known cause" (1).
+    prefix = "(EngineCore_DP0 pid=120) ERROR 01-28 06:36:45 [core.py:946] "
+    cases = [
+        (
+            "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB "
+            "KV cache is needed, which is larger than the available KV cache memory (9.5 GiB). Based on "
+            "the available memory, the estimated maximum model length is 77824. Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+            "--max-model-len",
+        ),
+        (
+            "ValueError: No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine.",
+            "--gpu-memory-utilization",
+        ),
+        (
+            "ValueError: Model architecture 'Gemma3nForConditionalGeneration' is not supported by ROCm "
+            "for now.",
+            "supported-models list",
+        ),
+        (
+            "ValueError: No valid attention backend found for rocm with AttentionSelectorConfig("
+            "head_size=80, dtype=torch.bfloat16). Reasons: {ROCM_ATTN: [kv_cache_dtype not supported]}.",
+            "--attention-backend",
+        ),
+        (
+            "ValueError: Inconsistent GPU visibility env vars: HIP_VISIBLE_DEVICES='0' vs "
+            "CUDA_VISIBLE_DEVICES='1'. Please set only one, or ensure they match.",
+            "unset CUDA_VISIBLE_DEVICES",
+        ),
+    ]
+    for line, step in cases:
+        log = tmp_path / "serve.log"
+        log.write_text(
+            f"{prefix}EngineCore failed to start.\n{prefix}Traceback (most recent call last):\n"
+            f'{prefix}  File "/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 937\n'
+            f"{prefix}{line}\n"
+        )
+        d = diagnose_text(log.read_text())
+        assert (d.category, d.first_error.line) == ("unknown", 4), line
+        assert step in d.hint and "outside the known build causes" in d.hint, d.hint
+        argv = [sys.executable, "-m", "rocmforge", "diagnose", str(log)]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        said = " ".join((out.stdout + out.stderr).split())
+        assert out.returncode == 1 and step in said, said
+
+
 def test_a_first_fatal_error_outside_every_category_is_unknown_whatever_comes_after():
     # A GPU memory fault in a running program lies outside every category; what fails after it
     # (here a CMake error, whose shape alone would guess cmake_hip_not_found) is its consequence:
