@@ -989,3 +989,21 @@ def test_excerpt_lines_as_a_terminal_showed_them():
     assert clean(b"\xff\xfe ok") == "\ufffd\ufffd ok"
     long = clean(b"x" * (LINE_CHARS + 500))
     assert len(long) == LINE_CHARS + len(" [...]") and long.endswith(" [...]")
+
+
+def test_a_failure_report_says_a_cause_as_surely_as_the_blind_rounds_allow():
+    # engine.summary: the one line a failed build's (or verify's) report adds. A rule for the
+    # phenomenon is a likely cause; a shape's guess is a possible one, with what such guesses are
+    # worth; a failure outside every category gives its own next step; nothing recognised, None.
+    from rocmforge.diagnose.engine import LOW_TRUST, summary
+
+    sure = diagnose_text("c++: fatal error: Killed signal terminated program cc1plus\n")
+    assert sure.confidence == "high" and summary(sure).startswith("likely cause (oom_compiler): ")
+    guess = decide(read_chunks([b"/src/a.cc:3:5: error: 'foo' was not declared in this scope\n"]), RULES_ONLY)
+    assert guess.confidence == "low"
+    assert summary(guess) == f"possible cause ({guess.category}{LOW_TRUST}): {guess.hint}"
+    full = diagnose_text("/usr/bin/ld: final link failed: No space left on device\n")
+    assert full.category == "disk_full" and summary(full).startswith("likely cause (disk_full): ")
+    gpu = diagnose_text("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB\n")
+    assert gpu.category == "unknown" and summary(gpu).startswith("a failure outside the known build causes: ")
+    assert summary(diagnose_text("all went well\n")) is None

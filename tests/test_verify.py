@@ -486,3 +486,27 @@ def test_a_wheel_swapped_under_an_exact_pin_fails(tmp_path, objects):
     checks = {c.name: c for c in verify.run(python, archs=("gfx90a",), wheels=wheels, gpu=False)}
     assert checks["torchvision pins"].status == "fail"
     assert checks["torchvision pins"].detail == f"torch=={TORCH} (installed 2.13.0+rocm7.1)"
+
+
+def test_a_failed_gpu_check_carries_the_root_cause_diagnose_finds():
+    # vLLM's engine runs in its own process: the exception the probe catches only says "See root
+    # cause above", and the cause is in the run's stderr (the pinned vLLM's own wording). The
+    # check's detail keeps the exception and adds diagnose's reading of the whole output.
+    wrapper = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    stderr = (
+        "(EngineCore_DP0 pid=120) ERROR 01-28 06:36:45 [core.py:946] EngineCore failed to start.\n"
+        "(EngineCore_DP0 pid=120) ERROR 01-28 06:36:45 [core.py:946] Traceback (most recent call last):\n"
+        "(EngineCore_DP0 pid=120) ERROR 01-28 06:36:45 [core.py:946] ValueError: No available memory "
+        "for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.\n"
+    )
+    detail = verify._with_diagnosis(wrapper, f"{stderr}\n{wrapper}")
+    assert detail.startswith(wrapper)
+    assert "--gpu-memory-utilization" in detail and "KV cache" in detail
+    # A run-time arch problem gets its cause by name.
+    hip = "RuntimeError: HIP error: invalid device function"
+    said = verify._with_diagnosis(hip, hip)
+    assert said.startswith(f"{hip}; likely cause (arch_mismatch): ")
+    # Nothing recognised, or only a guess: the detail stays as it was.
+    assert verify._with_diagnosis("AssertionError: generated 7 tokens, expected 8", "") == (
+        "AssertionError: generated 7 tokens, expected 8"
+    )

@@ -308,8 +308,11 @@ def _report_failure(name: str, result: buildlog.StepResult, diagnosis=None) -> N
     console.print(f"[red]{name}: failed (exit {result.returncode}) after {result.seconds:.0f}s[/red]")
     for line in buildlog.lines_that_matter(result.tail):
         console.print(f"  {line}", markup=False)
-    if diagnosis is not None and diagnosis.category != "unknown":
-        console.print(f"{name}: likely cause ({diagnosis.category}): {diagnosis.hint}", markup=False)
+    if diagnosis is not None:
+        from rocmforge.diagnose.engine import summary  # loaded already: the caller diagnosed
+
+        if (said := summary(diagnosis)) is not None:
+            console.print(f"{name}: {said}", markup=False)
     console.print(f"{name}: full log: {result.log}", soft_wrap=True)
 
 

@@ -75,6 +75,9 @@ MAX_EVIDENCE = 5
 # ones (scripts/replay_diagnose_rounds.py; docs/diagnose.md, "How far each confidence can be
 # trusted").
 LOW_TRUST = ": a guess, right about one time in three on logs never seen before; check its lines"
+# How an unknown whose first fatal error lies outside every category (a full disk, a GPU out of
+# memory, vLLM refusing a model) begins its hint, before that failure's own next step.
+OUTSIDE = "a failure outside the known build causes: "
 _MAX_LINE = 4000  # characters of one line looked at; minified blobs are not evidence
 _MAX_HITS_PER_SIGNAL = 3
 
@@ -1140,7 +1143,7 @@ def _unknown(reading: _Reading, guess: Cause | None = None) -> Diagnosis:
     if outside is not None:
         # The failure is one no category covers (a full disk, a GPU memory fault): say so, with
         # the next step for that failure and its line (the message under the first fatal error).
-        hint = f"a failure outside the known build causes: {reading.outside_step.format(line=outside.line)}"
+        hint = f"{OUTSIDE}{reading.outside_step.format(line=outside.line)}"
         lines = dict.fromkeys((first.line, outside.line))
         text = {first.line: first.text, outside.line: outside.text}
         evidence = tuple(Evidence(n, text[n].strip()[:300]) for n in lines)
@@ -1149,6 +1152,17 @@ def _unknown(reading: _Reading, guess: Cause | None = None) -> Diagnosis:
     hint = f"no known cause recognised; {step}"
     evidence = (Evidence(first.line, first.text.strip()[:300]),)
     return Diagnosis("unknown", hint, evidence, reading.first_error, guess)
+
+
+def summary(diagnosis: Diagnosis) -> str | None:
+    """One line for a failure report (a failed build's, verify's): the cause and its fix, said as
+    surely as the blind rounds allow, or a failure outside every category with its own next
+    step; None when nothing is recognised (the report's own lines are all there is to say)."""
+    if diagnosis.category == "unknown":
+        return diagnosis.hint if diagnosis.hint.startswith(OUTSIDE) else None
+    if diagnosis.confidence == "low":
+        return f"possible cause ({diagnosis.category}{LOW_TRUST}): {diagnosis.hint}"
+    return f"likely cause ({diagnosis.category}): {diagnosis.hint}"
 
 
 def diagnose_text(text: str, *, tuning: Tuning = TUNING) -> Diagnosis:

@@ -648,11 +648,25 @@ def import_checks(python: str, modules: Iterable[str], environ=None) -> list[Che
         elif res.returncode != 0:
             last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
             lib = re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file", last)
-            hint = f"; {lib[1]} is provided by {provider(lib[1])}" if lib else ""
-            checks.append(Check("import", f"import {module}", "fail", last + hint))
+            if lib:
+                detail = f"{last}; {lib[1]} is provided by {provider(lib[1])}"
+            else:
+                detail = _with_diagnosis(last, res.stderr)
+            checks.append(Check("import", f"import {module}", "fail", detail))
         else:
             checks.append(Check("import", f"import {module}", "ok", "imported"))
     return checks
+
+
+def _with_diagnosis(detail: str, output: str) -> str:
+    """``detail``, and what ``rocmforge diagnose`` makes of the failure's ``output`` when it
+    recognises it surely (a rule for the phenomenon, or a failure outside every category with its
+    own next step, such as vLLM's KV cache not fitting); its guesses are left out of a report."""
+    from rocmforge.diagnose.engine import diagnose_text, summary
+
+    diagnosis = diagnose_text(output)
+    said = None if diagnosis.confidence == "low" else summary(diagnosis)
+    return detail if said is None else f"{detail}; {said}"
 
 
 def gpu_checks(python: str, archs: tuple[str, ...], model: Path | None, environ=None) -> list[Check]:
@@ -664,10 +678,14 @@ def gpu_checks(python: str, archs: tuple[str, ...], model: Path | None, environ=
         res = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_TIMEOUT, env=environ)
     except subprocess.TimeoutExpired:
         return [Check("gpu", "gpu: run", "fail", f"no answer after {GPU_TIMEOUT}s")]
-    checks = [
-        Check("gpu", d["name"], d["status"], d["detail"])
-        for d in (json.loads(line) for line in res.stdout.splitlines() if line.startswith("{"))
-    ]
+    # A failed check's detail is its exception; the run's stderr holds what led to it (vLLM's
+    # engine process prints the root cause there and raises only "See root cause above").
+    checks = []
+    for d in (json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")):
+        detail = d["detail"]
+        if d["status"] == "fail":
+            detail = _with_diagnosis(detail, f"{res.stderr}\n{detail}")
+        checks.append(Check("gpu", d["name"], d["status"], detail))
     # The checks done before a crash are kept; the crash itself is the last finding.
     crash = _crash(res.returncode)
     if crash or (res.returncode != 0 and not checks):
