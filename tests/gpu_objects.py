@@ -91,9 +91,9 @@ def hipcc(out: Path, archs: list[str], *, link: tuple[str, ...] = ()) -> Path:
     src = out.with_suffix(".hip")
     src.write_text(HIPCC_KERNEL)
     cmd = [need("hipcc"), "-fPIC", "-shared", *[f"--offload-arch={a}" for a in archs]]
-    subprocess.run(
-        [*cmd, str(src), *link, "-o", str(out)], check=True, env={**os.environ, "HIP_PLATFORM": "amd"}
-    )
+    # TMPDIR: clang's offload steps leave an empty directory per kernel (/tmp/add_one-XXXXXX).
+    env = {**os.environ, "HIP_PLATFORM": "amd", "TMPDIR": str(out.parent)}
+    subprocess.run([*cmd, str(src), *link, "-o", str(out)], check=True, env=env)
     return out
 
 
