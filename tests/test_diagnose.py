@@ -581,7 +581,7 @@ def test_a_full_disk_is_the_cause_whatever_fails_after_it(tmp_path):
     )
 
 
-def test_vllm_refusing_to_start_on_rocm_gets_vllms_own_next_step(tmp_path):
+def test_a_vllm_serve_that_fails_to_start_gets_its_root_causes_next_step(tmp_path):
     # The last mile: the wheels install and import, and `vllm serve` stops on what the request
     # asks of this GPU. The lines are the pinned vLLM's own (v1/core/kv_cache_planning.py,
     # platforms/rocm.py), under the engine core's log prefix; the answer is unknown (no build
@@ -614,6 +614,19 @@ def test_vllm_refusing_to_start_on_rocm_gets_vllms_own_next_step(tmp_path):
             "ValueError: Inconsistent GPU visibility env vars: HIP_VISIBLE_DEVICES='0' vs "
             "CUDA_VISIBLE_DEVICES='1'. Please set only one, or ensure they match.",
             "unset CUDA_VISIBLE_DEVICES",
+        ),
+        # Below vLLM: a Triton kernel tuned for a GPU with more LDS (the pinned Triton's wording),
+        # a torch that lost its ROCm build, RCCL without the container's shared memory.
+        (
+            "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 98304, "
+            "Hardware limit: 65536. Reducing block sizes or `num_stages` may help.",
+            "num_stages",
+        ),
+        ("AssertionError: Torch not compiled with CUDA enabled", "requirements.txt"),
+        (
+            "RuntimeError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
+            "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+            "--ipc=host",
         ),
     ]
     for line, step in cases:
