@@ -50,6 +50,7 @@ ROUNDS = (
     ("20", "2045464", ("fresh49", "fresh50", "fresh51")),
     ("21", "8320a84", ("fresh52", "fresh53", "fresh54")),
     ("22", "1b04722", ("fresh55", "fresh56", "fresh57")),
+    ("23", "55e2845", ("fresh58", "fresh59")),
 )
 
 
