@@ -23,8 +23,10 @@ ARCH_DATA = ROOT / "tests" / "data" / "arch"
 LIBDIR = "lib/x86_64-linux-gnu"
 REAL_LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
 REAL_LIBSTDCXX = Path("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
+# /sbin is not on a user's PATH on Debian: look there too, as verify does.
+LDCONFIG = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
 pytestmark = pytest.mark.skipif(
-    not (REAL_LIBC.exists() and REAL_LIBSTDCXX.exists() and shutil.which("ldconfig") and os.geteuid() == 0),
+    not (REAL_LIBC.exists() and REAL_LIBSTDCXX.exists() and LDCONFIG and os.geteuid() == 0),
     reason="needs a Debian/Ubuntu x86-64 libc, gcc, and root for `ldconfig -r` (chroot)",
 )
 
@@ -41,7 +43,7 @@ def shared_library(path: Path, soname: str) -> None:
 
 def ldconfig(root: Path) -> None:
     """The node's loader cache, built by the real ldconfig from the tree's ld.so.conf."""
-    subprocess.run(["ldconfig", "-r", str(root)], check=True)
+    subprocess.run([LDCONFIG, "-r", str(root)], check=True)
 
 
 def node_tree(tmp: Path, *, ld_conf: bool = True) -> Path:
