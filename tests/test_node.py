@@ -16,6 +16,7 @@ import pytest
 from rocmforge import arch_detect, host
 from rocmforge.build import contract
 from rocmforge.build.doctor import FAIL, OK, WARN
+from rocmforge.verify import checks as verify
 from rocmforge.verify import node
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,8 +24,7 @@ ARCH_DATA = ROOT / "tests" / "data" / "arch"
 LIBDIR = "lib/x86_64-linux-gnu"
 REAL_LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
 REAL_LIBSTDCXX = Path("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
-# /sbin is not on a user's PATH on Debian: look there too, as verify does.
-LDCONFIG = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
+LDCONFIG = verify.ldconfig_path()
 pytestmark = pytest.mark.skipif(
     not (REAL_LIBC.exists() and REAL_LIBSTDCXX.exists() and LDCONFIG and os.geteuid() == 0),
     reason="needs a Debian/Ubuntu x86-64 libc, gcc, and root for `ldconfig -r` (chroot)",

@@ -329,8 +329,7 @@ def test_libraries_resolve_only_where_the_loader_looks(tmp_path, objects):
     # A real loader cache, made by ldconfig from a conf naming that directory.
     (tmp_path / "ld.so.conf").write_text(f"{lib}\n")
     cache = tmp_path / "ld.so.cache"
-    # /sbin is not on a user's PATH on Debian: look there too, as verify does.
-    ldconfig = shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin") or "ldconfig"
+    ldconfig = verify.ldconfig_path() or "ldconfig"
     subprocess.run([ldconfig, "-X", "-C", str(cache), "-f", str(tmp_path / "ld.so.conf")], check=True)
     assert verify.ld_cache(cache)["libhipblas.so.2"] == str(lib / "libhipblas.so.2")
     (check,) = verify.library_checks(env, ["vllm"], rocm, cache)

@@ -234,10 +234,17 @@ def _rocm_lib_dirs(environ) -> list[Path]:
 _CACHE_ARCH = {"x86_64": "x86-64", "aarch64": "AArch64", "ppc64le": "64bit"}
 
 
+def ldconfig_path() -> str | None:
+    """The ldconfig binary, also where a user's PATH on Debian does not look (/sbin)."""
+    return shutil.which("ldconfig") or shutil.which("ldconfig", path="/sbin:/usr/sbin")
+
+
 def ld_cache(cache: Path = LD_SO_CACHE) -> dict[str, str]:
     """soname -> library path for this architecture in the dynamic loader's cache
     (``ldconfig -p -C CACHE``; ROCm's packages register ``/opt/rocm/lib`` there)."""
-    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    ldconfig = ldconfig_path()
+    if ldconfig is None:
+        return {}
     try:
         out = subprocess.run([ldconfig, "-p", "-C", str(cache)], capture_output=True, text=True).stdout
     except OSError:
