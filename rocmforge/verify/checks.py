@@ -665,14 +665,19 @@ def import_checks(python: str, modules: Iterable[str], environ=None) -> list[Che
     return checks
 
 
-def _with_diagnosis(detail: str, output: str) -> str:
-    """``detail``, and what ``rocmforge diagnose`` makes of the failure's ``output`` when it
-    recognises it surely (a rule for the phenomenon, or a failure outside every category with its
-    own next step, such as vLLM's KV cache not fitting); its guesses are left out of a report."""
+def _sure_summary(output: str) -> str | None:
+    """What ``rocmforge diagnose`` makes of a failure's ``output`` when it recognises it surely (a
+    rule for the phenomenon, or a failure outside every category with its own next step, such as
+    vLLM's KV cache not fitting); its guesses are left out of a report."""
     from rocmforge.diagnose.engine import diagnose_text, summary
 
     diagnosis = diagnose_text(output)
-    said = None if diagnosis.confidence == "low" else summary(diagnosis)
+    return None if diagnosis.confidence == "low" else summary(diagnosis)
+
+
+def _with_diagnosis(detail: str, output: str) -> str:
+    """``detail``, and :func:`_sure_summary` of the failure's ``output`` when there is one."""
+    said = _sure_summary(output)
     return detail if said is None else f"{detail}; {said}"
 
 
@@ -685,13 +690,19 @@ def gpu_checks(python: str, archs: tuple[str, ...], model: Path | None, environ=
         res = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_TIMEOUT, env=environ)
     except subprocess.TimeoutExpired:
         return [Check("gpu", "gpu: run", "fail", f"no answer after {GPU_TIMEOUT}s")]
-    # A failed check's detail is its exception; the run's stderr holds what led to it (vLLM's
-    # engine process prints the root cause there and raises only "See root cause above").
+    # A failed check's detail is its exception, diagnosed first; when that says nothing the run's
+    # stderr may (vLLM's engine process prints the root cause there and raises only "See root
+    # cause above"). The stderr is one for all checks: diagnosed once, when first needed.
+    from_stderr: list[str | None] = []
     checks = []
     for d in (json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")):
         detail = d["detail"]
         if d["status"] == "fail":
-            detail = _with_diagnosis(detail, f"{res.stderr}\n{detail}")
+            said = _sure_summary(detail)
+            if said is None:
+                from_stderr = from_stderr or [_sure_summary(res.stderr)]
+                said = from_stderr[0]
+            detail = detail if said is None else f"{detail}; {said}"
         checks.append(Check("gpu", d["name"], d["status"], detail))
     # The checks done before a crash are kept; the crash itself is the last finding.
     crash = _crash(res.returncode)
