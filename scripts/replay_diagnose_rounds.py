@@ -51,6 +51,7 @@ ROUNDS = (
     ("21", "8320a84", ("fresh52", "fresh53", "fresh54")),
     ("22", "1b04722", ("fresh55", "fresh56", "fresh57")),
     ("23", "55e2845", ("fresh58", "fresh59")),
+    ("25", "b801899", ("fresh63", "fresh64", "fresh65")),
 )
 
 

@@ -237,10 +237,14 @@ def test_dev_split_accuracy_stays_at_the_reported_level():
     # A floor just under what docs/diagnose.md reports for the DEV split, so a change that loses
     # ground fails here. The TEST split is deliberately not asserted: it is scored once, by hand.
     # Round 7's blind sets joined DEV untuned (93.9 % of 458), which moved the floor from 95 %.
+    # The engine's own `unknown`s are counted where the thread names a category: round 25 brought
+    # DEV's share of threads whose cause lies outside every category to 10.7 %, so the plain
+    # unknown rate (10.2 %) now measures the labels more than the engine.
     report = score(split("dev"))
     assert report.total >= 450
     assert report.accuracy >= 0.93, report.misses
-    assert report.unknown_rate <= 0.10
+    missed_as_unknown = sum(n for (want, got), n in report.confusion.items() if got == "unknown" != want)
+    assert missed_as_unknown <= 0.02 * report.total
 
 
 def test_blind_directories_stay_out_of_every_split(monkeypatch, tmp_path):
