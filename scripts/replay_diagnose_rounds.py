@@ -52,6 +52,7 @@ ROUNDS = (
     ("22", "1b04722", ("fresh55", "fresh56", "fresh57")),
     ("23", "55e2845", ("fresh58", "fresh59")),
     ("25", "b801899", ("fresh63", "fresh64", "fresh65")),
+    ("26", "d808e4a", ("fresh66", "fresh67")),
 )
 
 
