@@ -71,7 +71,7 @@ MIN_SCORE = 5.0
 HIGH_SCORE = 8.0
 MAX_EVIDENCE = 5
 # What a low-confidence answer is worth, said where it is printed: on the blind rounds, each with
-# its engine as frozen, 98 of 273 such answers named the thread's cause, against 815 of 844 high
+# its engine as frozen, 108 of 301 such answers named the thread's cause, against 832 of 864 high
 # ones (scripts/replay_diagnose_rounds.py; docs/diagnose.md, "How far each confidence can be
 # trusted").
 LOW_TRUST = ": a guess, right about one time in three on logs never seen before; check its lines"
