@@ -1024,3 +1024,21 @@ def test_a_failure_report_says_a_cause_as_surely_as_the_blind_rounds_allow():
     gpu = diagnose_text("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB\n")
     assert gpu.category == "unknown" and summary(gpu).startswith("a failure outside the known build causes: ")
     assert summary(diagnose_text("all went well\n")) is None
+
+
+def test_a_source_written_for_another_release_is_told_to_match_the_release():
+    # A version mismatch found while compiling (hipBLAS's API, two HIP releases' headers) is not
+    # fixed by rebuilding against the installed versions: the hint names the release to match.
+    from rocmforge.diagnose.engine import _SOURCE_RELEASE, SIGNALS, decide, read_chunks
+
+    named = {s.name: s.category for s in SIGNALS}
+    assert {named.get(name) for name in _SOURCE_RELEASE} == {"version_mismatch"}
+    api = b"ggml-cuda.cu:1269:13: error: no matching function for call to 'hipblasGemmEx'\n"
+    bf16 = b"ld.lld: error: duplicate symbol: __float2bfloat16(float)\n"
+    for log, says in (
+        (api, "source release"),
+        (b"[ 42%] Linking HIP shared library\n" + bf16, "libamdhip64-dev"),
+    ):
+        diagnosis = decide(read_chunks([log]))
+        assert diagnosis.category == "version_mismatch", log
+        assert says in diagnosis.hint and "Rebuild the extension" not in diagnosis.hint, diagnosis.hint
