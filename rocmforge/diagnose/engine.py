@@ -218,6 +218,9 @@ class Signal:
     example: str = ""
     also: str = ""  # a second cause that often shows the same way (named when no other shows)
     examples: tuple[str, ...] = ()  # every line it must match: ``example`` and the other wordings
+    # The next step this phenomenon calls for where its category's usual one is wrong (a version
+    # mismatch found while compiling: match the source's release, do not rebuild).
+    fix: str = ""
 
 
 @dataclass(frozen=True)
@@ -260,7 +263,9 @@ class Rules:
 
 
 _MACRO = re.compile(r"<<(\w+)>>")
-_SIGNAL_KEYS = {"name", "category", "weight", "needles", "pattern", "unless", "family", "example", "also"}
+_SIGNAL_KEYS = {"name", "category", "weight", "needles", "pattern", "unless", "family", "example", "also"} | {
+    "fix"
+}
 _FATAL_ONLY = {"family", "fallback", "also", "outside", "under"}
 _LINE_RULE_KEYS = {"name", "needles", "pattern", "unless", "example"} | _FATAL_ONLY
 
@@ -315,6 +320,7 @@ def load_rules(path: Path = RULES_FILE) -> Rules:
                 examples(spec)[0],
                 spec.get("also", ""),
                 examples(spec),
+                spec.get("fix", ""),
             )
         )
     if len({s.name for s in signals}) != len(signals):
@@ -1226,31 +1232,6 @@ def _half(jobs: str | None) -> str:
     return str(max(1, int(jobs) // 2)) if jobs and jobs.isdigit() else "half the cores"
 
 
-# version_mismatch found while compiling, not loading: the source and the headers or libraries it
-# compiles against come from different releases, so "rebuild against the installed versions" is not
-# the fix (rounds 25 and 26).
-_SOURCE_RELEASE = {
-    "rocm-api-name-undeclared": (
-        "the source was written for another release of this ROCm library's API than the installed "
-        "one; build the source release made for the installed ROCm, or install the ROCm it was "
-        "written for"
-    ),
-    "hipblas-datatype-api": (
-        "the source was written for another hipBLAS API (hipblasDatatype_t became hipDataType in "
-        "ROCm 6); build the source release made for the installed ROCm"
-    ),
-    "hip-bf16-duplicate-symbol": (
-        "the headers of two HIP releases are mixed in one build; remove the distribution's HIP "
-        "-dev packages (libamdhip64-dev) or point the build at one ROCm only, then rebuild from a "
-        "clean build directory"
-    ),
-    "mlir-dependency-target-missing": (
-        "the project was built against another LLVM than the one it pins; build that LLVM commit "
-        "(Triton names it in cmake/llvm-hash.txt) or point LLVM_SYSPATH at a matching build"
-    ),
-}
-
-
 def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -> str:
     """A fix that names what this log shows: the library, arch, compiler, variable; the lines."""
     at = _lines(hits)
@@ -1454,9 +1435,10 @@ def _hint(category: str, hits: list[_Hit], reading: _Reading, why: str | None) -
                 f"{at}: an extension was built against another numpy; install the numpy it was "
                 "built with, or rebuild it"
             )
-        for hit in hits:
-            if hit.signal.name in _SOURCE_RELEASE:
-                return f"{at}: {_SOURCE_RELEASE[hit.signal.name]}"
+        # Found while compiling: the source and what it compiles against come from different
+        # releases, and the rule names the release to match (rounds 25 and 26).
+        if fix := next((h.signal.fix for h in hits if h.signal.fix), ""):
+            return f"{at}: {fix}"
         what = f" ({symbol})" if symbol else ""
         torch = f" torch {reading.torch_version}" if reading.torch_version else " torch"
         return (

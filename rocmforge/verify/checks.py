@@ -693,16 +693,12 @@ def gpu_checks(python: str, archs: tuple[str, ...], model: Path | None, environ=
     # A failed check's detail is its exception, diagnosed first; when that says nothing the run's
     # stderr may (vLLM's engine process prints the root cause there and raises only "See root
     # cause above"). The stderr is one for all checks: diagnosed once, when first needed.
-    from_stderr: list[str | None] = []
+    from_stderr = functools.cache(lambda: _sure_summary(res.stderr))
     checks = []
     for d in (json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")):
         detail = d["detail"]
-        if d["status"] == "fail":
-            said = _sure_summary(detail)
-            if said is None:
-                from_stderr = from_stderr or [_sure_summary(res.stderr)]
-                said = from_stderr[0]
-            detail = detail if said is None else f"{detail}; {said}"
+        if d["status"] == "fail" and (said := _sure_summary(detail) or from_stderr()) is not None:
+            detail = f"{detail}; {said}"
         checks.append(Check("gpu", d["name"], d["status"], detail))
     # The checks done before a crash are kept; the crash itself is the last finding.
     crash = _crash(res.returncode)
